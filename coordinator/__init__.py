@@ -1,0 +1,34 @@
+"""sandbench coordinator: plan -> campaign -> dispatch; store; first-failure policy; analysis; report.
+
+Glossary (use these words, and only these, for these things):
+
+campaign
+    One registered run of a plan; has an id, a seed and a cohort label.
+plan
+    Workloads x modes x environments (default 3) x rounds (default 3), plus quota and
+    limits; a validated TOML file.
+host
+    One lab machine; results are always computed per host.
+mode
+    An execution mode: how the workload is launched (native, host sandbox, staged,
+    docker, vm, ...).
+workload
+    One of the 19 file tasks: deterministic inputs, a round function, a validator, an
+    oracle model.
+cell
+    (host, mode, workload).
+environment
+    One fresh instance of a cell: fresh workspace and sandbox/container/VM; runs
+    ``rounds`` dependent rounds.
+round
+    One unit of work inside an environment; round k sees the state left by round k-1.
+Ready
+    Milliseconds from the shared pre-exec marker to the host receiving the payload's
+    ready line.
+task time
+    Seconds of one round: work plus its final synchronization, host-observed.
+record
+    A signed result of one environment (its rounds, Ready, outcome).
+cohort
+    Label that keeps campaigns apart: results of two cohorts are never pooled.
+"""

@@ -1,0 +1,43 @@
+"""The ``sandbench`` command line: one module per command group, registered here.
+
+Exit codes: 0 success, 1 a check failed (verify, tests of a campaign), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from tasks.errors import SandbenchError
+
+# Command-group modules of this package; each defines ``register(group)``.
+COMMAND_MODULES = ("workloads", "modes", "env", "campaign", "host", "fleet")
+
+
+class _Main(click.Group):
+    """Top-level group that turns every ``SandbenchError`` into one line and exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except SandbenchError as exc:
+            click.echo(f"sandbench: error: {exc}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Main)
+@click.version_option(package_name="sandbench")
+def main() -> None:
+    """sandbench: how long file-intensive tasks take under each execution mode."""
+
+
+for _name in COMMAND_MODULES:
+    try:
+        _module = importlib.import_module(f"coordinator.cli.{_name}")
+    except ModuleNotFoundError as _exc:  # a command group not built yet
+        if _exc.name != f"coordinator.cli.{_name}":
+            raise
+        continue
+    _module.register(main)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Set up this machine (Debian/Ubuntu, as root) for sandbench: packages, venv, host key, guest kernel.
+# Idempotent: run it again after a pull. Everything is built here from packages; nothing is downloaded
+# from anywhere but the package registries.
+set -euo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$REPO"
+
+say() { printf '\n==> %s\n' "$*"; }
+
+# --- system packages -----------------------------------------------------------------------
+APT_PACKAGES=(
+  python3 python3-venv git gcc make          # the toolset every mode runs (payload, workloads)
+  bubblewrap util-linux iproute2 e2fsprogs   # host mode, namespaces, ext4 images
+  redis-server                               # fleet broker (tests start their own)
+  docker.io                                  # docker mode (sandbench starts a private dockerd)
+  qemu-system-x86 busybox-static cpio        # VM modes and their initramfs
+  chromium                                   # report screenshot test (headless)
+)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if ((${#missing[@]})); then
+  say "apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+# Packages may start system daemons; sandbench never uses them (it owns private ones).
+
+# --- python environment ----------------------------------------------------------------------
+if [ ! -x .venv/bin/python ]; then
+  say "python venv in .venv"
+  python3 -m venv .venv
+fi
+say "pip install sandbench"
+.venv/bin/pip install -q --disable-pip-version-check -e ".[dev]"
+
+# --- host key and guest kernel (set-up, never timed) --------------------------------------------
+if .venv/bin/sandbench host --help >/dev/null 2>&1; then
+  .venv/bin/sandbench host init --quiet || true
+fi
+if .venv/bin/sandbench vm --help >/dev/null 2>&1; then
+  say "guest kernel and initramfs for the VM modes"
+  .venv/bin/sandbench vm prepare
+fi
+say "set-up done: .venv/bin/sandbench is ready"

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Set up this machine and run the whole test suite. Services (redis-server, dockerd) are started
+# by the tests themselves on private sockets and ports, and stopped after.
+set -euo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$REPO"
+bash ops/setup.sh
+export CI="${CI:-}"
+echo "==> ruff"
+.venv/bin/ruff check coordinator worker tasks workloads tests benchmarks
+echo "==> pytest"
+exec .venv/bin/python -m pytest -p no:cacheprovider "$@"

@@ -1,0 +1,35 @@
+"""The one error hierarchy of sandbench: bad input and unusable parts, never benchmark failures."""
+
+from __future__ import annotations
+
+
+class SandbenchError(Exception):
+    """Base of every error sandbench raises on purpose; its message says what to fix."""
+
+
+class PlanError(SandbenchError):
+    """A plan file or plan option is wrong."""
+
+
+class WorkloadError(SandbenchError):
+    """A workload name, scale or parameter is wrong."""
+
+
+class ModeUnavailable(SandbenchError):
+    """A mode is unknown or cannot run on this host."""
+
+
+class RecordRejected(SandbenchError):
+    """A record failed signature, schema, campaign or host checks."""
+
+
+class StoreError(SandbenchError):
+    """The campaign store is missing, inconsistent or would be overwritten."""
+
+
+class HostKeyError(SandbenchError):
+    """A host key is missing, malformed or not registered."""
+
+
+class FleetError(SandbenchError):
+    """The broker, a queue or a fleet task cannot be reached or found."""

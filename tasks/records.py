@@ -1,0 +1,196 @@
+"""Environment specs and records: the versioned wire and store format.
+
+Record format versions (bump ``SCHEMA_VERSION`` and list every change here):
+
+* 1 -- first version (design's record fields plus ``seed``, ``scale``, ``tools``, ``accel``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+Outcome = Literal["passed", "failed", "not-run"]
+FailureClass = Literal["startup", "task", "resource"]
+
+# Outcome table of the design: every reason belongs to exactly one class.
+REASONS: dict[str, FailureClass] = {
+    "launcher-error": "startup",
+    "no-ready": "startup",
+    "round-error": "task",
+    "validation-failed": "task",
+    "nonzero-exit": "task",
+    "oracle-mismatch": "task",
+    "workspace-modified": "task",
+    "timeout": "resource",
+    "oom": "resource",
+    "no-space": "resource",
+}
+
+NOT_RUN_RULE = "first-failure-rule"
+NOT_RUN_PREFLIGHT_PREFIX = "preflight: "
+
+GIB = 1024**3
+
+
+class Quota(BaseModel):
+    """Resource quota of one environment's whole process tree."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpus: str = "0,1"  # CPU affinity (cpuset list syntax)
+    cpu_quota: float = Field(2.0, gt=0)  # cores of CPU time per wall second
+    memory_bytes: int = Field(2 * GIB, gt=0)
+    swap_bytes: int = Field(0, ge=0)
+
+
+class VmSize(BaseModel):
+    """Size of a VM mode's guest."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vcpus: int = Field(2, gt=0)
+    memory_mib: int = Field(512, gt=0)
+
+
+class EnvironmentSpec(BaseModel):
+    """Everything a worker needs to run one environment; its key is ``key()``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    campaign: str
+    cohort: str = "default"
+    host: str
+    mode: str
+    workload: str
+    env_index: int = Field(ge=0)
+    attempt: int = Field(1, ge=1)
+    order_index: int = Field(0, ge=0)
+    task_id: str | None = None
+    seed: int = 0
+    scale: float = Field(1.0, gt=0)
+    rounds: int = Field(3, ge=1)
+    limit_s: float = Field(90.0, gt=0)
+    quota: Quota = Quota()
+    vm: VmSize = VmSize()
+    work_root: str
+    # mode-specific settings, e.g. the command template of a ``command`` mode
+    mode_options: dict[str, Any] = Field(default_factory=dict)
+
+    def key(self) -> str:
+        """Idempotency key: campaign, host, mode, workload, environment index, attempt."""
+        return (
+            f"{self.campaign}/{self.host}/{self.mode}/{self.workload}"
+            f"/{self.env_index}/{self.attempt}"
+        )
+
+    def cell(self) -> tuple[str, str, str]:
+        """The cell (host, mode, workload) this environment belongs to."""
+        return (self.host, self.mode, self.workload)
+
+
+class RoundRecord(BaseModel):
+    """One round's host-observed task time and its validation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    k: int
+    task_s: float
+    validated: bool
+    digest: str | None = None
+
+
+class OracleResult(BaseModel):
+    """The host oracle's verdict on the final state."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ok: bool
+    mismatches: list[str] = Field(default_factory=list)
+
+
+class Signature(BaseModel):
+    """Ed25519 signature of a record's canonical JSON (without this field)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key_id: str
+    ed25519: str
+
+
+class EnvironmentRecord(BaseModel):
+    """The result of one environment, run or not; signed by the host that produced it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_: int = Field(SCHEMA_VERSION, alias="schema")
+    campaign: str
+    cohort: str = "default"
+    host: str
+    mode: str
+    workload: str
+    env_index: int
+    attempt: int = 1
+    order_index: int = 0
+    task_id: str | None = None
+    outcome: Outcome
+    failure_class: FailureClass | None = None
+    reason: str | None = None
+    detail: str | None = None
+    ready_ms: float | None = None
+    rounds: list[RoundRecord] = Field(default_factory=list)
+    exit_code: int | None = None
+    oracle: OracleResult | None = None
+    original_intact: bool | None = None
+    cpu_s: float | None = None
+    peak_memory_bytes: int | None = None
+    started_at: str | None = None
+    seed: int | None = None
+    scale: float | None = None
+    rounds_planned: int | None = None
+    provenance: dict[str, Any] = Field(default_factory=dict)  # per-environment facts (accel, tools)
+    superseded: bool = False
+    signature: Signature | None = None
+
+    def key(self) -> str:
+        """Idempotency key, same shape as ``EnvironmentSpec.key``."""
+        return (
+            f"{self.campaign}/{self.host}/{self.mode}/{self.workload}"
+            f"/{self.env_index}/{self.attempt}"
+        )
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The record as the design's JSON object (``schema`` key, ``None`` kept)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    @classmethod
+    def from_spec(cls, spec: EnvironmentSpec, **fields: Any) -> EnvironmentRecord:
+        """A record carrying the identity fields of ``spec``."""
+        return cls(
+            campaign=spec.campaign,
+            cohort=spec.cohort,
+            host=spec.host,
+            mode=spec.mode,
+            workload=spec.workload,
+            env_index=spec.env_index,
+            attempt=spec.attempt,
+            order_index=spec.order_index,
+            task_id=spec.task_id,
+            seed=spec.seed,
+            scale=spec.scale,
+            rounds_planned=spec.rounds,
+            **fields,
+        )
+
+
+def failed_fields(reason: str, detail: str | None = None) -> dict[str, Any]:
+    """The outcome fields of a failure with ``reason`` (class looked up in ``REASONS``)."""
+    return {
+        "outcome": "failed",
+        "failure_class": REASONS[reason],
+        "reason": reason,
+        "detail": detail,
+    }

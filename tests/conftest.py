@@ -1,0 +1,39 @@
+"""Shared test fixtures and the skip policy: a missing capability skips locally, fails in CI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+IN_CI = bool(os.environ.get("CI"))
+REPO = Path(__file__).resolve().parents[1]
+
+
+def require(ok: bool, capability: str) -> None:
+    """Skip with a reason naming ``capability`` when it is missing; in CI, fail instead."""
+    if ok:
+        return
+    message = f"missing capability: {capability}"
+    if IN_CI:
+        pytest.fail(f"{message} (CI must run this test; the set-up should have provided it)")
+    pytest.skip(message)
+
+
+def require_binary(name: str) -> str:
+    """Path of binary ``name``, or a reasoned skip (failure in CI)."""
+    path = shutil.which(name) or (f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None)
+    require(path is not None, f"binary '{name}' (install it with ops/setup.sh)")
+    assert path is not None
+    return path
+
+
+@pytest.fixture
+def work_root(tmp_path: Path) -> Iterator[Path]:
+    """A private work root for environments of one test."""
+    root = tmp_path / "work"
+    root.mkdir()
+    yield root

@@ -1,0 +1,1 @@
+"""The host side of one environment: runner, modes, cgroup quota, preflight, host facts."""

@@ -1,0 +1,85 @@
+"""The contract every execution mode implements; the runner owns everything else."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from tasks.records import EnvironmentSpec
+
+# One interpreter for the payload in every mode, so differences come from the mode.
+PAYLOAD_PYTHON = os.environ.get("SANDBENCH_PYTHON", "/usr/bin/python3")
+PAYLOAD_PATH = Path(__file__).resolve().parents[2] / "workloads" / "payload.py"
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """Whether a mode can run on this host, and if not, why (one line)."""
+
+    ok: bool
+    reason: str = ""
+    facts: dict[str, Any] = field(default_factory=dict)  # tool versions, accelerator, image id
+
+
+@dataclass
+class HostInfo:
+    """Facts about this host that preflights need."""
+
+    name: str = "local"
+    work_root: Path = Path("/var/tmp/sandbench")
+
+
+@dataclass
+class EnvContext:
+    """One environment as the mode sees it; the runner creates and owns it."""
+
+    spec: EnvironmentSpec
+    workspace: Path  # fresh copy of the workload's fixture, on the host
+    env_dir: Path  # private scratch directory of this environment (stage, images, ...)
+    cgroup_path: str  # cgroup of the environment, relative to the hierarchy root ("/sandbench/...")
+    payload: Path = PAYLOAD_PATH
+    python: str = PAYLOAD_PYTHON
+    state: dict[str, Any] = field(default_factory=dict)  # the mode's own bookkeeping
+
+    def payload_argv(self, root: str, payload: str | None = None) -> list[str]:
+        """The payload command line, with ``root`` the workspace path as seen inside the mode."""
+        s = self.spec
+        return [
+            self.python, "-I", "-S", payload or str(self.payload),
+            "--workload", s.workload, "--seed", str(s.seed), "--scale", repr(s.scale),
+            "--root", root,
+        ]
+
+
+@runtime_checkable
+class Mode(Protocol):
+    """An execution mode: how the payload is launched, synchronized and checked."""
+
+    name: str
+    staged: bool  # works on a copy; the original workspace must stay intact
+
+    def preflight(self, host: HostInfo) -> Preflight:
+        """Can it run here, and why not."""
+        ...
+
+    def prepare(self, env: EnvContext) -> None:
+        """Not timed: cgroup-independent preparation (overlay dirs, images, containers)."""
+        ...
+
+    def launcher(self, env: EnvContext) -> list[str]:
+        """The argv spawned right after the marker."""
+        ...
+
+    def sync(self, env: EnvContext, round: int) -> None:
+        """The mode's synchronization of round ``round``, inside the round clock."""
+        ...
+
+    def result_root(self, env: EnvContext) -> Path:
+        """Where the oracle looks after the launcher exited."""
+        ...
+
+    def cleanup(self, env: EnvContext) -> None:
+        """Not timed: remove whatever prepare created; must be safe to call twice."""
+        ...
