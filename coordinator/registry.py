@@ -1,0 +1,89 @@
+"""The trusted host registry: host name -> Ed25519 public key, one JSON file."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tasks.errors import HostKeyError
+from tasks.signing import public_key_from_b64, sandbench_home
+
+REGISTRY_FILE = "hosts.json"
+
+
+def default_registry_path() -> Path:
+    """Where the trusted registry lives unless a command names another path."""
+    return sandbench_home() / REGISTRY_FILE
+
+
+class HostRegistry:
+    """The hosts whose signed records the coordinator accepts."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = Path(path) if path is not None else default_registry_path()
+
+    def _read(self) -> dict[str, Any]:
+        if not self.path.exists():
+            return {"hosts": {}}
+        try:
+            data: dict[str, Any] = json.loads(self.path.read_text())
+        except (OSError, ValueError) as exc:
+            raise HostKeyError(f"{self.path}: unreadable host registry ({exc})") from exc
+        data.setdefault("hosts", {})
+        return data
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def add(self, name: str, pubkey_b64: str, *, replace: bool = False) -> bool:
+        """Trust ``name`` with key ``pubkey_b64``; False if it was already registered so."""
+        public_key_from_b64(pubkey_b64)  # validates
+        pubkey_b64 = pubkey_b64.strip()
+        with self._locked():
+            data = self._read()
+            old = data["hosts"].get(name)
+            if old is not None and old["public_key"] == pubkey_b64:
+                return False
+            if old is not None and not replace:
+                raise HostKeyError(
+                    f"host '{name}' is already registered with another key; remove it from "
+                    f"{self.path} first if the host's key really changed"
+                )
+            added = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            data["hosts"][name] = {"public_key": pubkey_b64, "added_at": added}
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+            os.replace(tmp, self.path)
+        return True
+
+    def public_key(self, name: str) -> str:
+        """The registered base64 public key of ``name``."""
+        entry = self._read()["hosts"].get(name)
+        if entry is None:
+            raise HostKeyError(
+                f"host '{name}' is not in {self.path}; add it with 'sandbench hosts add {name} PUBKEY'"
+            )
+        key: str = entry["public_key"]
+        return key
+
+    def names(self) -> list[str]:
+        """Registered host names, sorted."""
+        return sorted(self._read()["hosts"])
+
+    def entries(self) -> dict[str, dict[str, str]]:
+        """Every registered host with its key and registration time."""
+        hosts: dict[str, dict[str, str]] = self._read()["hosts"]
+        return hosts
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._read()["hosts"]

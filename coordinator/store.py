@@ -1,0 +1,335 @@
+"""The campaign store: plan, expanded campaign, provenance and append-only signed records.
+
+Layout under the data directory (design, "Store")::
+
+    <campaign-id>/plan.toml            the plan as given
+    <campaign-id>/campaign.json        expanded plan: every environment, host, order index, task id
+    <campaign-id>/hosts/<host>/provenance.json
+    <campaign-id>/hosts/<host>/records.jsonl   append-only, one signed record per line
+    <campaign-id>/hosts/<host>/results.csv     derived (report)
+    <campaign-id>/report.md, report.html, plots/   derived (report)
+
+Raw records are never rewritten. ``append_record`` inserts a record only if its
+(environment, attempt) key is absent; appenders in several processes serialize on a lock file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from tasks.errors import StoreError
+from tasks.records import EnvironmentRecord, EnvironmentSpec
+
+CAMPAIGN_FILE = "campaign.json"
+PLAN_FILE = "plan.toml"
+RECORDS_FILE = "records.jsonl"
+PROVENANCE_FILE = "provenance.json"
+VERIFICATION_FILE = "verification.json"
+LOCK_FILE = ".lock"
+CAMPAIGN_SCHEMA = 1
+
+
+@dataclass
+class Campaign:
+    """A stored campaign: its plan and every planned environment."""
+
+    id: str
+    plan_text: str
+    plan: dict[str, Any]  # the validated plan as JSON (see ``coordinator.plan.Plan``)
+    specs: list[EnvironmentSpec]
+    created_at: str
+    hosts: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def spec_by_key(self) -> dict[str, EnvironmentSpec]:
+        """Planned environments by idempotency key."""
+        return {s.key(): s for s in self.specs}
+
+    def host_specs(self, host: str) -> list[EnvironmentSpec]:
+        """Planned environments of ``host`` in their run order."""
+        return sorted((s for s in self.specs if s.host == host), key=lambda s: s.order_index)
+
+
+@dataclass
+class RawLine:
+    """One line of a records file, before parsing (what ``verify`` inspects)."""
+
+    host: str
+    lineno: int
+    text: str
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Store:
+    """Campaigns under one data directory (``--data``, default ``./.data``)."""
+
+    def __init__(self, data_dir: Path | str = ".data") -> None:
+        self.root = Path(data_dir)
+        # records file -> (bytes indexed, keys seen): appends need not re-read the file.
+        self._index: dict[Path, tuple[int, set[str]]] = {}
+
+    # --- paths ---------------------------------------------------------------------------------
+    def campaign_dir(self, campaign_id: str) -> Path:
+        """Directory of one campaign."""
+        return self.root / campaign_id
+
+    def host_dir(self, campaign_id: str, host: str) -> Path:
+        """Directory of one host's raw and derived files in a campaign."""
+        if not host or "/" in host or host.startswith("."):
+            raise StoreError(f"'{host}' is not a usable host name (no '/', not starting with '.')")
+        return self.campaign_dir(campaign_id) / "hosts" / host
+
+    def records_path(self, campaign_id: str, host: str) -> Path:
+        """The append-only records file of one host."""
+        return self.host_dir(campaign_id, host) / RECORDS_FILE
+
+    def campaign_ids(self) -> list[str]:
+        """Every stored campaign id, oldest first by name."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if (p / CAMPAIGN_FILE).exists())
+
+    # --- campaign --------------------------------------------------------------------------------
+    def create_campaign(
+        self,
+        plan_text: str,
+        plan: Any,
+        specs: list[EnvironmentSpec],
+        *,
+        campaign_id: str | None = None,
+        notes: list[str] | None = None,
+    ) -> str:
+        """Store a new campaign (plan as given and its expansion); returns its id."""
+        cid = campaign_id or (specs[0].campaign if specs else None)
+        if cid is None:
+            raise StoreError("a campaign with no environments needs an explicit campaign id")
+        if any(s.campaign != cid for s in specs):
+            raise StoreError(f"every environment of campaign {cid} must carry that campaign id")
+        cdir = self.campaign_dir(cid)
+        if cdir.exists():
+            raise StoreError(f"{cdir} already exists; resume it with --resume {cid}")
+        cdir.mkdir(parents=True)
+        (cdir / PLAN_FILE).write_text(plan_text)
+        plan_json = plan.model_dump(mode="json") if hasattr(plan, "model_dump") else dict(plan)
+        hosts = sorted({s.host for s in specs})
+        self._write_campaign(cid, plan_json, specs, _now(), hosts, notes or [])
+        for host in hosts:
+            self.host_dir(cid, host).mkdir(parents=True, exist_ok=True)
+        _fsync_dir(cdir)
+        return cid
+
+    def _write_campaign(
+        self,
+        cid: str,
+        plan: dict[str, Any],
+        specs: Iterable[EnvironmentSpec],
+        created_at: str,
+        hosts: list[str],
+        notes: list[str],
+    ) -> None:
+        doc = {
+            "schema": CAMPAIGN_SCHEMA,
+            "campaign": cid,
+            "created_at": created_at,
+            "hosts": hosts,
+            "notes": notes,
+            "plan": plan,
+            "environments": [s.model_dump(mode="json") for s in specs],
+        }
+        _write_atomic(self.campaign_dir(cid) / CAMPAIGN_FILE, json.dumps(doc, indent=1) + "\n")
+
+    def load_campaign(self, campaign_id: str) -> Campaign:
+        """The stored campaign ``campaign_id``."""
+        cdir = self.campaign_dir(campaign_id)
+        path = cdir / CAMPAIGN_FILE
+        if not path.exists():
+            known = ", ".join(self.campaign_ids()[-5:]) or "none"
+            raise StoreError(f"no campaign '{campaign_id}' under {self.root} (recent: {known})")
+        doc = json.loads(path.read_text())
+        return Campaign(
+            id=doc["campaign"],
+            plan_text=(cdir / PLAN_FILE).read_text(),
+            plan=doc["plan"],
+            specs=[EnvironmentSpec.model_validate(e) for e in doc["environments"]],
+            created_at=doc["created_at"],
+            hosts=list(doc["hosts"]),
+            notes=list(doc.get("notes", [])),
+        )
+
+    @contextmanager
+    def _campaign_locked(self, campaign_id: str) -> Iterator[Campaign]:
+        with open(self.campaign_dir(campaign_id) / LOCK_FILE, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield self.load_campaign(campaign_id)
+
+    def add_environments(self, campaign_id: str, specs: list[EnvironmentSpec]) -> None:
+        """Add planned environments (a rerun's new attempt) to a stored campaign."""
+        with self._campaign_locked(campaign_id) as c:
+            known = c.spec_by_key()
+            clash = [s.key() for s in specs if s.key() in known]
+            if clash:
+                raise StoreError(f"environments already planned: {', '.join(clash[:3])}")
+            all_specs = c.specs + specs
+            hosts = sorted({s.host for s in all_specs})
+            self._write_campaign(c.id, c.plan, all_specs, c.created_at, hosts, c.notes)
+        for host in hosts:
+            self.host_dir(campaign_id, host).mkdir(parents=True, exist_ok=True)
+
+    def set_task_ids(self, campaign_id: str, task_ids: dict[str, str]) -> None:
+        """Record the task id of planned environments (environment key -> task id)."""
+        with self._campaign_locked(campaign_id) as c:
+            known = c.spec_by_key()
+            missing = [k for k in task_ids if k not in known]
+            if missing:
+                raise StoreError(f"not planned in {campaign_id}: {', '.join(missing[:3])}")
+            specs = [
+                s.model_copy(update={"task_id": task_ids[s.key()]}) if s.key() in task_ids else s
+                for s in c.specs
+            ]
+            self._write_campaign(c.id, c.plan, specs, c.created_at, c.hosts, c.notes)
+
+    def set_task_id(self, campaign_id: str, env_key: str, task_id: str) -> None:
+        """Record the task id of one planned environment."""
+        self.set_task_ids(campaign_id, {env_key: task_id})
+
+    def find_task(self, task_id: str) -> tuple[str, EnvironmentSpec]:
+        """The campaign and planned environment of ``task_id`` (newest campaign first)."""
+        for cid in reversed(self.campaign_ids()):
+            for spec in self.load_campaign(cid).specs:
+                if spec.task_id == task_id:
+                    return cid, spec
+        raise StoreError(f"no planned environment has task id '{task_id}' under {self.root}")
+
+    def hosts(self, campaign_id: str) -> list[str]:
+        """Hosts of a campaign: planned ones and any that delivered records."""
+        planned = set(self.load_campaign(campaign_id).hosts)
+        hosts_dir = self.campaign_dir(campaign_id) / "hosts"
+        seen = {p.name for p in hosts_dir.iterdir()} if hosts_dir.is_dir() else set()
+        return sorted(planned | seen)
+
+    # --- provenance and verification ------------------------------------------------------------
+    def write_provenance(self, campaign_id: str, host: str, facts: dict[str, Any]) -> Path:
+        """Store a host's provenance (replaces an earlier one)."""
+        hdir = self.host_dir(campaign_id, host)
+        hdir.mkdir(parents=True, exist_ok=True)
+        path = hdir / PROVENANCE_FILE
+        _write_atomic(path, json.dumps(facts, indent=2, sort_keys=True, default=str) + "\n")
+        return path
+
+    def provenance(self, campaign_id: str, host: str) -> dict[str, Any]:
+        """A host's stored provenance, or an empty dict."""
+        path = self.host_dir(campaign_id, host) / PROVENANCE_FILE
+        if not path.exists():
+            return {}
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+
+    def write_verification(self, campaign_id: str, result: dict[str, Any]) -> None:
+        """Store the outcome of the last ``verify`` (derived; rebuilt by every verify)."""
+        path = self.campaign_dir(campaign_id) / VERIFICATION_FILE
+        _write_atomic(path, json.dumps(result, indent=2, sort_keys=True) + "\n")
+
+    def verification(self, campaign_id: str) -> dict[str, Any] | None:
+        """The outcome of the last ``verify``, if any."""
+        path = self.campaign_dir(campaign_id) / VERIFICATION_FILE
+        return json.loads(path.read_text()) if path.exists() else None
+
+    # --- records ---------------------------------------------------------------------------------
+    def _keys(self, path: Path) -> set[str]:
+        """Keys in ``path``, read incrementally from where the last call stopped."""
+        offset, keys = self._index.get(path, (0, set()))
+        size = path.stat().st_size if path.exists() else 0
+        if size < offset:  # file replaced behind our back: start over
+            offset, keys = 0, set()
+        if size > offset:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read(size - offset)
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            for line in complete.splitlines():
+                keys.add(_line_key(line))
+            offset += len(complete)
+        self._index[path] = (offset, keys)
+        return keys
+
+    def append_record(self, record: EnvironmentRecord) -> bool:
+        """Append ``record`` unless its (environment, attempt) is already stored; True if added."""
+        path = self.records_path(record.campaign, record.host)
+        if not self.campaign_dir(record.campaign).is_dir():
+            raise StoreError(f"record for unknown campaign '{record.campaign}' under {self.root}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(record.to_json_dict(), separators=(",", ":"), sort_keys=True) + "\n"
+        with open(path.with_name(RECORDS_FILE + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            keys = self._keys(path)
+            if record.key() in keys:
+                return False
+            with open(path, "a") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+            keys.add(record.key())
+        return True
+
+    def raw_lines(self, campaign_id: str, host: str | None = None) -> Iterator[RawLine]:
+        """Every stored record line, unparsed, host by host."""
+        for h in [host] if host else self.hosts(campaign_id):
+            path = self.records_path(campaign_id, h)
+            if not path.exists():
+                continue
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for n, text in enumerate(f, start=1):
+                    if text.strip():
+                        yield RawLine(h, n, text)
+
+    def records(self, campaign_id: str, host: str | None = None) -> list[EnvironmentRecord]:
+        """Every stored record of a campaign (or one host), in file order."""
+        out = []
+        for raw in self.raw_lines(campaign_id, host):
+            try:
+                out.append(EnvironmentRecord.model_validate_json(raw.text))
+            except ValidationError as exc:
+                raise StoreError(
+                    f"{self.records_path(campaign_id, raw.host)} line {raw.lineno}: not a valid "
+                    f"record ({exc.error_count()} errors); run 'sandbench verify {campaign_id}'"
+                ) from exc
+        return out
+
+
+def _line_key(line: bytes) -> str:
+    """Idempotency key of one stored record line (unparseable lines get a unique key)."""
+    try:
+        d = json.loads(line)
+        return f"{d['campaign']}/{d['host']}/{d['mode']}/{d['workload']}/{d['env_index']}/{d['attempt']}"
+    except (ValueError, KeyError, TypeError):
+        return f"<unparseable:{hash(line)}>"

@@ -1,0 +1,60 @@
+"""The first-failure rule, applied live and re-derived from records."""
+
+from __future__ import annotations
+
+from coordinator.policy import derive, not_run_record, rule_applies
+from tasks.records import NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec, failed_fields
+
+CID = "c-20261129-ab12"
+
+
+def _cell(workload: str = "publish", orders: tuple[int, ...] = (4, 1, 7)) -> list[EnvironmentSpec]:
+    return [
+        EnvironmentSpec(
+            campaign=CID,
+            host="lab-a",
+            mode="native",
+            workload=workload,
+            env_index=i,
+            order_index=o,
+            work_root="/tmp/w",
+        )
+        for i, o in enumerate(orders)
+    ]
+
+
+def _passed(spec: EnvironmentSpec) -> EnvironmentRecord:
+    return EnvironmentRecord.from_spec(spec, outcome="passed")
+
+
+def _failed(spec: EnvironmentSpec) -> EnvironmentRecord:
+    return EnvironmentRecord.from_spec(spec, **failed_fields("oracle-mismatch"))
+
+
+def test_rule_applies_only_after_an_earlier_failure_of_the_same_cell() -> None:
+    """Only an earlier failure of the same cell and attempt stops a later environment."""
+    a, b, c = _cell()  # run order: b (1), a (4), c (7)
+    other = _cell("seq-write")
+    assert not rule_applies([], a)
+    assert rule_applies([_failed(b)], a) and rule_applies([_failed(b)], c)
+    assert not rule_applies([_failed(other[1])], a)
+    assert not rule_applies([_failed(c)], a)  # c comes later in the planned order
+    assert not rule_applies([_failed(b)], a.model_copy(update={"attempt": 2}))
+
+
+def test_derive_accepts_a_correct_history() -> None:
+    """Pass, fail, then rule not-run in planned order gives no violation."""
+    a, b, c = _cell()
+    records = [_passed(b), _failed(a), not_run_record(c, NOT_RUN_RULE)]
+    assert derive(records, [a, b, c], require_complete=True) == []
+
+
+def test_derive_names_every_broken_environment() -> None:
+    """Running after a failure, skipping without one, duplicates and gaps are each reported."""
+    a, b, c = _cell()
+    ran_after = derive([_failed(b), _passed(a), not_run_record(c, NOT_RUN_RULE)], [a, b, c])
+    assert [str(v) for v in ran_after] == [f"{a.key()}: passed after the cell's first failure"]
+    skipped = derive([not_run_record(b, NOT_RUN_RULE), _passed(a), _passed(c)], [a, b, c])
+    assert [v.key for v in skipped] == [b.key()]
+    dup = derive([_passed(b), _passed(b)], [a, b, c], require_complete=True)
+    assert {v.problem for v in dup} == {"recorded more than once", "planned but has no record"}

@@ -1,0 +1,99 @@
+"""Host keys, the trusted registry and record signatures."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from coordinator.registry import HostRegistry
+from tasks.errors import HostKeyError, RecordRejected
+from tasks.records import EnvironmentRecord, RoundRecord
+from tasks.signing import HostKey, canonical_json, sign_record, verify_record
+
+
+def _record(host: str = "lab-a", **fields: object) -> EnvironmentRecord:
+    base: dict[str, object] = dict(
+        campaign="c-20261129-ab12",
+        host=host,
+        mode="native",
+        workload="publish",
+        env_index=0,
+        outcome="passed",
+        ready_ms=12.5,
+        rounds=[RoundRecord(k=1, task_s=0.25, validated=True)],
+    )
+    base.update(fields)
+    return EnvironmentRecord.model_validate(base)
+
+
+def _trusting(tmp_path: Path, *keys: HostKey) -> HostRegistry:
+    reg = HostRegistry(tmp_path / "hosts.json")
+    for key in keys:
+        reg.add(key.name, key.public_b64())
+    return reg
+
+
+def test_canonical_json_is_order_independent() -> None:
+    """Canonical JSON sorts keys and drops whitespace, so equal objects give equal bytes."""
+    assert canonical_json({"b": 1, "a": [1.5, "é"]}) == canonical_json({"a": [1.5, "é"], "b": 1})
+    assert canonical_json({"a": 1}) == b'{"a":1}'
+
+
+def test_key_is_created_once_and_reloaded(tmp_path: Path) -> None:
+    """load_or_create makes a 0600 key with the host name beside it and reloads the same key."""
+    path = tmp_path / "home" / "host.key"
+    first = HostKey.load_or_create(path, name="lab-a")
+    again = HostKey.load_or_create(path)
+    assert (again.name, again.public_b64(), again.key_id) == (
+        first.name,
+        first.public_b64(),
+        first.key_id,
+    )
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert first.key_id.startswith("lab-a:")
+    with pytest.raises(HostKeyError, match="belongs to host 'lab-a'"):
+        HostKey.load_or_create(path, name="lab-b")
+
+
+def test_signed_record_verifies_and_survives_json(tmp_path: Path) -> None:
+    """A signed record verifies after a JSON round trip; superseded may change without breaking it."""
+    key = HostKey.generate("lab-a")
+    signed = sign_record(_record(), key)
+    back = EnvironmentRecord.model_validate_json(json.dumps(signed.to_json_dict()))
+    verify_record(back, _trusting(tmp_path, key))
+    verify_record(back.model_copy(update={"superseded": True}), _trusting(tmp_path, key))
+
+
+def test_tampered_unknown_and_mismatched_records_are_rejected(tmp_path: Path) -> None:
+    """Changed fields, unregistered hosts, foreign keys and wrong campaigns are all rejected."""
+    key_a, key_b = HostKey.generate("lab-a"), HostKey.generate("lab-b")
+    reg = _trusting(tmp_path, key_a)
+    signed = sign_record(_record(), key_a)
+    with pytest.raises(RecordRejected, match="bad signature"):
+        verify_record(signed.model_copy(update={"ready_ms": 12.6}), reg)
+    with pytest.raises(RecordRejected, match="unknown host"):
+        verify_record(sign_record(_record("lab-b"), key_b), reg)
+    with pytest.raises(RecordRejected, match="host mismatch"):
+        verify_record(signed.model_copy(update={"host": "lab-b"}), _trusting(tmp_path, key_b))
+    with pytest.raises(RecordRejected, match="campaign"):
+        verify_record(signed, reg, campaign="c-20261129-zzzz")
+    with pytest.raises(RecordRejected, match="not signed"):
+        verify_record(_record(), reg)
+    with pytest.raises(HostKeyError):
+        sign_record(_record("lab-b"), key_a)
+
+
+def test_registry_refuses_a_changed_key(tmp_path: Path) -> None:
+    """Re-adding a host with its key is a no-op; another key for the same name is refused."""
+    reg = HostRegistry(tmp_path / "hosts.json")
+    key = HostKey.generate("lab-a")
+    assert reg.add("lab-a", key.public_b64()) is True
+    assert reg.add("lab-a", key.public_b64()) is False
+    with pytest.raises(HostKeyError, match="another key"):
+        reg.add("lab-a", HostKey.generate("lab-a").public_b64())
+    with pytest.raises(HostKeyError, match="not an Ed25519 public key"):
+        reg.add("lab-c", "not-base64!")
+    assert reg.names() == ["lab-a"] and reg.public_key("lab-a") == key.public_b64()
