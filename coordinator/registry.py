@@ -71,7 +71,8 @@ class HostRegistry:
         entry = self._read()["hosts"].get(name)
         if entry is None:
             raise HostKeyError(
-                f"host '{name}' is not in {self.path}; add it with 'sandbench hosts add {name} PUBKEY'"
+                f"host '{name}' is not in {self.path}; "
+                f"add it with 'sandbench hosts add {name} PUBKEY'"
             )
         key: str = entry["public_key"]
         return key

@@ -330,6 +330,7 @@ def _line_key(line: bytes) -> str:
     """Idempotency key of one stored record line (unparseable lines get a unique key)."""
     try:
         d = json.loads(line)
-        return f"{d['campaign']}/{d['host']}/{d['mode']}/{d['workload']}/{d['env_index']}/{d['attempt']}"
+        parts = ("campaign", "host", "mode", "workload", "env_index", "attempt")
+        return "/".join(str(d[p]) for p in parts)
     except (ValueError, KeyError, TypeError):
         return f"<unparseable:{hash(line)}>"

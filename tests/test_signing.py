@@ -59,7 +59,7 @@ def test_key_is_created_once_and_reloaded(tmp_path: Path) -> None:
 
 
 def test_signed_record_verifies_and_survives_json(tmp_path: Path) -> None:
-    """A signed record verifies after a JSON round trip; superseded may change without breaking it."""
+    """A signed record verifies after a JSON round trip, also with superseded changed."""
     key = HostKey.generate("lab-a")
     signed = sign_record(_record(), key)
     back = EnvironmentRecord.model_validate_json(json.dumps(signed.to_json_dict()))

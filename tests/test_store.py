@@ -52,7 +52,7 @@ def _append_many(data: str, start: int) -> None:
 
 
 def test_layout_and_campaign_round_trip(tmp_path: Path) -> None:
-    """create_campaign writes plan.toml, campaign.json and host dirs; load_campaign reads them back."""
+    """create_campaign writes plan, campaign and host dirs; load_campaign reads them back."""
     store = _store(tmp_path)
     cdir = tmp_path / "data" / CID
     assert (cdir / "plan.toml").read_text() == "name = 'x'\n"
