@@ -1,0 +1,381 @@
+"""The worker's private Docker daemon: own socket, data root, exec root and pid file.
+
+sandbench never talks to the system's default daemon. Its daemon lives in a state directory
+(``$SANDBENCH_DOCKER_DIR``, else ``$SANDBENCH_HOME/docker``, else ``/var/lib/sandbench/docker``)::
+
+    docker.sock  dockerd.pid  dockerd.log  daemon.json  lock  data/  exec/  client/
+
+It is started by ``sandbench host docker start`` (and stays up until ``... stop``) or on demand
+by the docker mode; a daemon started on demand belongs to the process that started it and is
+stopped when that process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tasks.errors import ModeUnavailable
+
+DEFAULT_STATE_DIR = Path("/var/lib/sandbench/docker")
+STATE_DIR_ENV = "SANDBENCH_DOCKER_DIR"
+HOME_ENV = "SANDBENCH_HOME"
+DOCKERD_ENV = "SANDBENCH_DOCKERD"
+DOCKER_ENV = "SANDBENCH_DOCKER"
+DEFAULT_DOCKERD = "/usr/sbin/dockerd"
+# The docker.io client matches the daemon; another client on PATH may be newer than its API.
+DEFAULT_DOCKER = "/usr/bin/docker"
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+CLIENT_TIMEOUT_S = 120.0
+POLL_S = 0.1
+LOG_TAIL_CHARS = 600
+
+# The daemon needs no network of its own: containers run with --network none.
+DAEMON_FLAGS = (
+    "--bridge=none",
+    "--iptables=false",
+    "--ip-masq=false",
+    "--userland-proxy=false",
+    "--exec-opt=native.cgroupdriver=cgroupfs",
+    "--shutdown-timeout=2",
+    "--log-level=warn",
+)
+
+
+class DockerdError(ModeUnavailable):
+    """The private Docker daemon is missing, will not start, or refused a request."""
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over the daemon's unix socket (the Engine API), standard library only."""
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = str(path)
+
+    def connect(self) -> None:
+        """Connect to the unix socket instead of TCP."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+def default_state_dir() -> Path:
+    """The state directory named by the environment, else the default."""
+    if os.environ.get(STATE_DIR_ENV):
+        return Path(os.environ[STATE_DIR_ENV])
+    if os.environ.get(HOME_ENV):
+        return Path(os.environ[HOME_ENV]) / "docker"
+    return DEFAULT_STATE_DIR
+
+
+def default_docker_client() -> str:
+    """The docker client: ``$SANDBENCH_DOCKER``, the docker.io client, or ``docker`` on PATH."""
+    if os.environ.get(DOCKER_ENV):
+        return os.environ[DOCKER_ENV]
+    if Path(DEFAULT_DOCKER).exists():
+        return DEFAULT_DOCKER
+    return shutil.which("docker") or DEFAULT_DOCKER
+
+
+@dataclass
+class Dockerd:
+    """One private daemon, identified by its state directory."""
+
+    state_dir: Path = field(default_factory=default_state_dir)
+    dockerd: str = field(default_factory=lambda: os.environ.get(DOCKERD_ENV, DEFAULT_DOCKERD))
+    docker: str = field(default_factory=default_docker_client)
+    owned: bool = False  # started on demand by this process: stopped when it exits
+
+    @property
+    def socket(self) -> Path:
+        """The daemon's API socket."""
+        return self.state_dir / "docker.sock"
+
+    @property
+    def host_url(self) -> str:
+        """``DOCKER_HOST`` value for this daemon."""
+        return f"unix://{self.socket}"
+
+    @property
+    def pidfile(self) -> Path:
+        """The daemon's pid file."""
+        return self.state_dir / "dockerd.pid"
+
+    @property
+    def logfile(self) -> Path:
+        """The daemon's stdout and stderr."""
+        return self.state_dir / "dockerd.log"
+
+    def argv(self) -> list[str]:
+        """The dockerd command line for this state directory."""
+        s = self.state_dir
+        return [
+            self.dockerd,
+            f"--host={self.host_url}",
+            f"--data-root={s / 'data'}",
+            f"--exec-root={s / 'exec'}",
+            f"--pidfile={self.pidfile}",
+            f"--config-file={s / 'daemon.json'}",
+            *DAEMON_FLAGS,
+        ]
+
+    def client(self, *args: str) -> list[str]:
+        """A docker client command line talking to this daemon only."""
+        return [self.docker, "--config", str(self.state_dir / "client"), "-H", self.host_url, *args]
+
+    def run(self, *args: str, input: bytes | None = None, timeout: float = CLIENT_TIMEOUT_S) -> str:
+        """Run a docker client command against this daemon; its stdout, or ``DockerdError``."""
+        try:
+            proc = subprocess.run(
+                self.client(*args), input=input, capture_output=True, timeout=timeout
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise DockerdError(f"docker {args[0]}: {exc}") from exc
+        if proc.returncode != 0:
+            err = proc.stderr.decode(errors="replace").strip()
+            raise DockerdError(f"docker {' '.join(args[:2])} failed ({proc.returncode}): {err}")
+        return proc.stdout.decode(errors="replace")
+
+    def api(self, path: str, timeout: float = 5.0) -> Any:
+        """GET ``path`` from the Engine API; decoded JSON (or text), ``DockerdError`` if down."""
+        conn = _UnixHTTPConnection(self.socket, timeout)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            body = resp.read().decode(errors="replace")
+        except OSError as exc:
+            raise DockerdError(f"private dockerd at {self.socket} is not answering: {exc}") from exc
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise DockerdError(f"dockerd API {path}: HTTP {resp.status}: {body[:200]}")
+        return json.loads(body) if resp.getheader("Content-Type") == "application/json" else body
+
+    def pid(self) -> int | None:
+        """Pid of the running daemon of this state directory, from its pid file."""
+        try:
+            pid = int(self.pidfile.read_text().strip())
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE and "dockerd" in proc.name():
+                return pid
+        except (OSError, ValueError, psutil.Error):
+            pass
+        return None
+
+    def ping(self) -> bool:
+        """Whether the daemon answers ``/_ping``."""
+        try:
+            return bool(self.api("/_ping", timeout=2.0) == "OK")
+        except DockerdError:
+            return False
+
+    def running(self) -> bool:
+        """Whether this daemon is up and answering."""
+        return self.pid() is not None and self.ping()
+
+    def status(self) -> dict[str, Any]:
+        """Facts about the daemon: state, pid, socket, versions, drivers."""
+        facts: dict[str, Any] = {
+            "running": False,
+            "pid": self.pid(),
+            "socket": str(self.socket),
+            "state_dir": str(self.state_dir),
+            "dockerd": self.dockerd,
+            "client": self.docker,
+        }
+        if facts["pid"] is not None and self.ping():
+            version = self.api("/version")
+            info = self.api("/info")
+            facts.update(
+                running=True,
+                version=version.get("Version"),
+                api_version=version.get("ApiVersion"),
+                storage_driver=info.get("Driver"),
+                cgroup_driver=info.get("CgroupDriver"),
+                cgroup_version=info.get("CgroupVersion"),
+                containers=info.get("Containers"),
+                images=info.get("Images"),
+            )
+        return facts
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Serialize start and stop between processes sharing this state directory."""
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(self.state_dir / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def check_binary(self) -> None:
+        """Raise ``DockerdError`` naming the fix when dockerd or the client is missing."""
+        if not (os.path.isfile(self.dockerd) and os.access(self.dockerd, os.X_OK)):
+            raise DockerdError(
+                f"dockerd not found at {self.dockerd} (install docker.io with ops/setup.sh, "
+                f"or point {DOCKERD_ENV} at it)"
+            )
+        if not (os.path.isfile(self.docker) and os.access(self.docker, os.X_OK)):
+            raise DockerdError(
+                f"docker client not found at {self.docker} (install docker.io with "
+                f"ops/setup.sh, or point {DOCKER_ENV} at it)"
+            )
+
+    def start(self, timeout: float = READY_TIMEOUT_S) -> bool:
+        """Start the daemon unless it runs; wait until it answers. True if started now."""
+        self.check_binary()
+        with self._locked():
+            if self.running():
+                return False
+            if self.pid() is not None:  # alive but not answering: still starting, or hung
+                self._wait_ready(None, timeout)
+                return False
+            self._spawn_and_wait(timeout)
+        return True
+
+    def ensure(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Start on demand; a daemon started here is stopped when this process exits."""
+        if self.running():
+            return
+        if self.start(timeout) and not self.owned:
+            self.owned = True
+            atexit.register(self._stop_if_owned)
+
+    def _stop_if_owned(self) -> None:
+        """At exit: stop the daemon this process started on demand."""
+        if self.owned:
+            with contextlib.suppress(DockerdError):
+                self.stop()
+
+    def _spawn_and_wait(self, timeout: float) -> None:
+        """Spawn dockerd detached from our session and wait for its API."""
+        for stale in (self.pidfile, self.socket):
+            stale.unlink(missing_ok=True)
+        config = self.state_dir / "daemon.json"
+        if not config.exists():  # hermetic: never read /etc/docker/daemon.json
+            config.write_text("{}\n")
+        with open(self.logfile, "ab") as log:
+            proc = subprocess.Popen(
+                self.argv(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        self._wait_ready(proc, timeout)
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
+        """Poll ``/_ping`` until the daemon answers; ``DockerdError`` with its log otherwise."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ping():
+                return
+            if proc is not None and proc.poll() is not None:
+                raise DockerdError(
+                    f"dockerd exited with status {proc.returncode} while starting; "
+                    f"{self._log_tail()}"
+                )
+            time.sleep(POLL_S)
+        if proc is not None:
+            _kill_tree(proc.pid)
+        raise DockerdError(f"dockerd did not answer within {timeout:.0f} s; {self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        """The end of the daemon's log, for error messages."""
+        try:
+            text = self.logfile.read_text(errors="replace").strip()
+        except OSError:
+            return f"no log at {self.logfile}"
+        return f"{self.logfile} ends: {text[-LOG_TAIL_CHARS:]}"
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> bool:
+        """Remove every container of this daemon, then stop it. True if it was running."""
+        with self._locked():
+            self.owned = False
+            pid = self.pid()
+            if pid is None:
+                return False
+            if self.ping():
+                self.remove_all_containers()
+            _terminate(pid, timeout)
+            self._kill_orphans()
+            self.pidfile.unlink(missing_ok=True)
+            self.socket.unlink(missing_ok=True)
+        return True
+
+    def remove_all_containers(self) -> None:
+        """Force-remove every container this daemon knows (all of them are sandbench's)."""
+        ids = self.run("ps", "-aq").split()
+        if ids:
+            self.run("rm", "-f", *ids)
+
+    def _kill_orphans(self) -> None:
+        """Kill the managed containerd and shims left by a daemon that had to be killed."""
+        exec_root = str(self.state_dir / "exec")
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = proc.info["cmdline"] or []
+            if any(exec_root in arg for arg in cmdline):
+                _kill_tree(proc.pid)
+
+    def mounts(self) -> list[Path]:
+        """Mount points under the state directory (overlays, netns), deepest first."""
+        root = os.path.realpath(self.state_dir)
+        found = []
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point == root or point.startswith(root + "/"):
+                found.append(Path(point))
+        return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+    def purge(self) -> None:
+        """Stop the daemon and delete its whole state directory (images, containers, logs)."""
+        self.stop()
+        for point in self.mounts():
+            subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def _terminate(pid: int, timeout: float) -> None:
+    """SIGTERM ``pid``, wait up to ``timeout``, then SIGKILL its whole tree."""
+    try:
+        proc = psutil.Process(pid)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout)
+    except psutil.NoSuchProcess:
+        return
+    except psutil.TimeoutExpired:
+        _kill_tree(pid)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and all its descendants, and reap what we can."""
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=5)
