@@ -1,0 +1,208 @@
+"""``sandbench dispatch|worker|coordinator|status|rerun|flower``: the fleet commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import click
+
+from tasks.errors import FleetError
+
+BROKER_HELP = "broker URL (default: $SANDBENCH_BROKER, else redis://127.0.0.1:6379/0)"
+DATA_HELP = "data directory of the store"
+FLOWER_AUTH_ENVS = ("SANDBENCH_FLOWER_AUTH", "FLOWER_BASIC_AUTH")
+FOLLOW_INTERVAL_S = 2.0
+WORKER_CONCURRENCY = "1"  # one environment at a time per host, whatever its CPU count
+
+broker_option = click.option("--broker", default=None, help=BROKER_HELP)
+data_option = click.option(
+    "--data", type=click.Path(path_type=Path), default=Path(".data"), help=DATA_HELP
+)
+
+
+def _store(data: Path):  # type: ignore[no-untyped-def]  # coordinator.store imports lazily
+    from coordinator.store import Store
+
+    return Store(data)
+
+
+def _app(broker: str | None):  # type: ignore[no-untyped-def]
+    from tasks.app import create_app
+
+    return create_app(broker)
+
+
+@click.command("dispatch")
+@click.argument("plan", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--hosts", required=True, help="comma-separated lab hosts, e.g. lab-a,lab-b")
+@broker_option
+@data_option
+@click.option("--work-root", default=None, help="work root named in the specs (hosts may override)")
+def dispatch_cmd(
+    plan: Path, hosts: str, broker: str | None, data: Path, work_root: str | None
+) -> None:
+    """Expand PLAN per host (seeded order) and queue it to each host's worker."""
+    from coordinator.dispatch import dispatch_plan
+
+    names = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not names:
+        raise FleetError("--hosts names no host; give e.g. --hosts lab-a,lab-b")
+    campaign = dispatch_plan(_app(broker), _store(data), plan, names, work_root=work_root)
+    click.echo(f"queued on {', '.join(f'host.{n}' for n in names)}")
+    click.echo(f"campaign: {campaign}")
+
+
+@click.command("worker")
+@click.option("--host", "host", required=True, help="this lab host's name (its queue: host.NAME)")
+@broker_option
+@click.option(
+    "--work-root",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="where environments run (default: the plan's work root)",
+)
+@click.option("--loglevel", default="INFO")
+def worker_cmd(host: str, broker: str | None, work_root: Path | None, loglevel: str) -> None:
+    """Run this host's Celery worker: its own queue only, one environment at a time."""
+    from tasks.app import host_queue
+    from tasks.fleet import HOST_ENV, WORK_ROOT_ENV
+    from tasks.signing import HostKey, default_key_path
+
+    key = HostKey.load_or_create(default_key_path(), name=host)
+    click.echo(
+        f"host {host}: key {key.key_id} (register: sandbench hosts add {host} {key.public_b64()})",
+        err=True,
+    )
+    os.environ[HOST_ENV] = host
+    if work_root is not None:
+        work_root.mkdir(parents=True, exist_ok=True)
+        os.environ[WORK_ROOT_ENV] = str(work_root.resolve())
+    _app(broker).worker_main(
+        [
+            "worker",
+            "-Q",
+            host_queue(host),
+            "-c",
+            WORKER_CONCURRENCY,
+            "-P",
+            "prefork",
+            "-n",
+            f"{host}@%h",
+            "-E",
+            "--without-gossip",
+            "--without-mingle",
+            f"--loglevel={loglevel}",
+        ]
+    )
+
+
+@click.command("coordinator")
+@broker_option
+@data_option
+@click.option("--loglevel", default="INFO")
+def coordinator_cmd(broker: str | None, data: Path, loglevel: str) -> None:
+    """Run the coordinator: verify and store records, record lost runs, finalize hosts."""
+    from coordinator.fleet import DATA_ENV, Coordinator
+    from tasks.app import COORDINATOR_QUEUE
+
+    data.mkdir(parents=True, exist_ok=True)
+    os.environ[DATA_ENV] = str(data.resolve())
+    app = _app(broker)
+    stop = threading.Event()
+    watcher = threading.Thread(target=Coordinator.from_env(app).watch, args=(stop,), daemon=True)
+    watcher.start()
+    try:
+        app.worker_main(
+            [
+                "worker",
+                "-Q",
+                COORDINATOR_QUEUE,
+                "-c",
+                "1",
+                "-P",
+                "solo",
+                "-n",
+                "coordinator@%h",
+                "-E",
+                "--without-gossip",
+                "--without-mingle",
+                f"--loglevel={loglevel}",
+            ]
+        )
+    finally:
+        stop.set()
+
+
+@click.command("status")
+@click.argument("campaign")
+@click.option("--follow", is_flag=True, help="refresh until every host is finalized")
+@click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
+@broker_option
+@data_option
+def status_cmd(campaign: str, follow: bool, as_json: bool, broker: str | None, data: Path) -> None:
+    """Per-host progress of a fleet campaign, failures with task ids, and what is left."""
+    from coordinator.status import campaign_status, format_status
+    from tasks.app import broker_url
+    from tasks.fleet import redis_client
+
+    client = redis_client(broker_url(broker))
+    store = _store(data)
+    while True:
+        status = campaign_status(store, client, campaign)
+        click.echo(json.dumps(status) if as_json else format_status(status))
+        if not follow or status["finished"]:
+            return
+        time.sleep(FOLLOW_INTERVAL_S)
+
+
+@click.command("rerun")
+@click.argument("task_id", required=False)
+@click.option(
+    "--failed",
+    "failed_campaign",
+    default=None,
+    metavar="ID",
+    help="rerun every failed cell of campaign ID",
+)
+@broker_option
+@data_option
+def rerun_cmd(
+    task_id: str | None, failed_campaign: str | None, broker: str | None, data: Path
+) -> None:
+    """Rerun the cell of TASK_ID (or every failed cell) as a new attempt."""
+    from coordinator.dispatch import rerun_failed, rerun_task
+
+    if (task_id is None) == (failed_campaign is None):
+        raise click.UsageError("give either TASK_ID or --failed CAMPAIGN_ID")
+    app, store = _app(broker), _store(data)
+    if task_id is not None:
+        campaign, new_ids = rerun_task(app, store, task_id)
+    else:
+        campaign, new_ids = str(failed_campaign), rerun_failed(app, store, str(failed_campaign))
+    click.echo(f"requeued {len(new_ids)} environments")
+    for tid in new_ids:
+        click.echo(f"task {tid}")
+    click.echo(f"campaign: {campaign}")
+
+
+@click.command("flower")
+@broker_option
+@click.option("--port", default=5555, show_default=True)
+@click.option("--address", default="127.0.0.1", show_default=True)
+def flower_cmd(broker: str | None, port: int, address: str) -> None:
+    """Watch the fleet in Flower, behind basic auth (user:password from the environment)."""
+    auth = next((os.environ[e] for e in FLOWER_AUTH_ENVS if os.environ.get(e)), None)
+    if not auth or ":" not in auth:
+        raise FleetError("Flower needs basic auth: set SANDBENCH_FLOWER_AUTH=user:password")
+    os.environ["FLOWER_BASIC_AUTH"] = auth  # from the environment, never on the command line
+    _app(broker).start(["flower", f"--port={port}", f"--address={address}"])
+
+
+def register(main: click.Group) -> None:
+    """Attach the fleet commands to ``main``."""
+    for command in (dispatch_cmd, worker_cmd, coordinator_cmd, status_cmd, rerun_cmd, flower_cmd):
+        main.add_command(command)

@@ -1,0 +1,134 @@
+"""Fleet dispatch: store the expanded campaign, then queue each host's environments in order.
+
+Also the repairs: ``rerun`` of a cell by one of its task ids, and of every failed cell.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from coordinator.fleet import ACTIVE_CAMPAIGNS_KEY, FINALIZED_KEY, host_progress
+from coordinator.store import Store
+from tasks.app import host_queue
+from tasks.errors import FleetError, StoreError
+from tasks.fleet import TASK_RUN, describe, redis_client
+from tasks.records import EnvironmentSpec
+
+
+def with_task_ids(specs: list[EnvironmentSpec]) -> list[EnvironmentSpec]:
+    """``specs`` each with a fresh task id (the key to find and rerun it later)."""
+    return [s.model_copy(update={"task_id": str(uuid.uuid4())}) for s in specs]
+
+
+def by_host(specs: list[EnvironmentSpec]) -> dict[str, list[EnvironmentSpec]]:
+    """``specs`` grouped per host, each host's list in its seeded run order."""
+    out: dict[str, list[EnvironmentSpec]] = defaultdict(list)
+    for spec in sorted(specs, key=lambda s: (s.host, s.order_index)):
+        out[spec.host].append(spec)
+    return dict(out)
+
+
+def send_specs(app: Celery, specs: list[EnvironmentSpec]) -> int:
+    """Queue every spec on its host's queue, host by host in run order; how many were sent."""
+    sent = 0
+    with app.producer_or_acquire() as producer:
+        for host, host_specs in by_host(specs).items():
+            for spec in host_specs:
+                app.send_task(
+                    TASK_RUN,
+                    args=[spec.model_dump(mode="json")],
+                    kwargs={"sent_at": time.time()},
+                    queue=host_queue(host),
+                    task_id=spec.task_id,
+                    argsrepr=describe(spec),
+                    kwargsrepr="",
+                    producer=producer,
+                )
+                sent += 1
+    return sent
+
+
+def watch_campaign(app: Celery, campaign: str) -> None:
+    """Tell the coordinator to watch ``campaign`` until every host is finalized."""
+    redis_client(app.conf.broker_url).sadd(ACTIVE_CAMPAIGNS_KEY, campaign)
+
+
+def dispatch_specs(
+    app: Celery, store: Store, plan_text: str, plan: Any, specs: list[EnvironmentSpec]
+) -> str:
+    """Store a campaign of ``specs`` (task ids assigned here) and queue it; the campaign id."""
+    if not specs:
+        raise FleetError("the plan expands to no environments; nothing to dispatch")
+    specs = with_task_ids(specs)
+    campaign = store.create_campaign(plan_text, plan, specs)
+    watch_campaign(app, campaign)
+    send_specs(app, specs)
+    return campaign
+
+
+def dispatch_plan(
+    app: Celery, store: Store, plan_path: Path, hosts: list[str], work_root: str | None = None
+) -> str:
+    """Expand the plan at ``plan_path`` for ``hosts`` (seeded order per host) and queue it."""
+    from coordinator.campaign import expand_for_hosts
+
+    plan_text, plan, specs = expand_for_hosts(plan_path, hosts, work_root=work_root)
+    return dispatch_specs(app, store, plan_text, plan, specs)
+
+
+def latest_cell_specs(
+    planned: list[EnvironmentSpec], cell: tuple[str, str, str]
+) -> list[EnvironmentSpec]:
+    """The environments of ``cell``'s latest attempt, in run order."""
+    mine = [s for s in planned if s.cell() == cell]
+    latest = max(s.attempt for s in mine)
+    return sorted((s for s in mine if s.attempt == latest), key=lambda s: s.order_index)
+
+
+def rerun_cell(app: Celery, store: Store, campaign: str, cell: tuple[str, str, str]) -> list[str]:
+    """Queue ``cell``'s environments again as a new attempt; the new task ids."""
+    current = latest_cell_specs(store.load_campaign(campaign).specs, cell)
+    attempt = current[0].attempt + 1
+    fresh = with_task_ids([s.model_copy(update={"attempt": attempt}) for s in current])
+    store.add_environments(campaign, fresh)
+    client = redis_client(app.conf.broker_url)
+    client.hdel(FINALIZED_KEY.format(campaign=campaign), cell[0])
+    watch_campaign(app, campaign)
+    send_specs(app, fresh)
+    return [s.task_id for s in fresh if s.task_id]
+
+
+def rerun_task(app: Celery, store: Store, task_id: str) -> tuple[str, list[str]]:
+    """Rerun the whole cell of the environment queued as ``task_id``; campaign and task ids."""
+    try:
+        campaign, spec = store.find_task(task_id)
+    except StoreError as exc:
+        raise FleetError(f"{exc}; 'sandbench status ID' lists the task ids of failures") from exc
+    return campaign, rerun_cell(app, store, campaign, spec.cell())
+
+
+def failed_cells(store: Store, campaign: str) -> list[tuple[str, str, str]]:
+    """Cells whose latest attempt has a failed environment."""
+    planned = store.load_campaign(campaign).specs
+    cells = []
+    for host in sorted({s.host for s in planned}):
+        records = host_progress(store, campaign, host).records
+        for cell in sorted({s.cell() for s in planned if s.host == host}):
+            latest = latest_cell_specs(planned, cell)
+            if any(records.get(s.key()) and records[s.key()].outcome == "failed" for s in latest):
+                cells.append(cell)
+    return cells
+
+
+def rerun_failed(app: Celery, store: Store, campaign: str) -> list[str]:
+    """Rerun every failed cell of ``campaign``; the new task ids."""
+    new_ids: list[str] = []
+    for cell in failed_cells(store, campaign):
+        new_ids += rerun_cell(app, store, campaign, cell)
+    return new_ids

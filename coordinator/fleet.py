@@ -1,0 +1,246 @@
+"""The coordinator's side of the fleet: verify and store records, detect lost runs, finalize.
+
+Finalization is driven by the store, never by a Redis chord: a host is finalized when every
+environment planned for it (every attempt) has a stored record or a lost mark.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery
+from pydantic import ValidationError
+
+from coordinator.registry import HostRegistry
+from coordinator.store import Store
+from tasks.app import COORDINATOR_QUEUE, DEFAULT_VISIBILITY_TIMEOUT_S, VISIBILITY_TIMEOUT_ENV
+from tasks.errors import RecordRejected, StoreError
+from tasks.fleet import ALIVE_KEY, STARTED_KEY, TASK_FINALIZE, redis_client
+from tasks.records import EnvironmentRecord, EnvironmentSpec
+from tasks.signing import verify_record
+
+log = logging.getLogger("sandbench.coordinator")
+
+DATA_ENV = "SANDBENCH_DATA"
+DEFAULT_DATA = ".data"
+LOST_FILE = "lost.jsonl"
+# Redis key templates of the coordinator.
+ACTIVE_CAMPAIGNS_KEY = "sandbench:campaigns"  # set of campaign ids still being watched
+REJECTED_KEY = "sandbench:rejected:{campaign}"  # list of JSON {key, host, reason}
+STORED_AT_KEY = "sandbench:stored-at:{campaign}"  # hash env key -> wall time the store took it
+FINALIZED_KEY = "sandbench:finalized:{campaign}"  # hash host -> outcomes count at finalization
+SWEEP_INTERVAL_S = 2.0
+# A started environment whose worker stopped beating is recorded lost only after its message
+# had time to come back (visibility timeout) and run again; this is extra grace on top.
+LOST_GRACE_ENV = "SANDBENCH_LOST_GRACE"
+DEFAULT_LOST_GRACE_S = 600
+
+
+def data_dir() -> Path:
+    """The coordinator's store directory (``$SANDBENCH_DATA``, default ``./.data``)."""
+    return Path(os.environ.get(DATA_ENV) or DEFAULT_DATA)
+
+
+def lost_after_s() -> float:
+    """Seconds after its start at which a silent, unrecorded environment counts as lost."""
+    visibility = int(os.environ.get(VISIBILITY_TIMEOUT_ENV) or DEFAULT_VISIBILITY_TIMEOUT_S)
+    return visibility + float(os.environ.get(LOST_GRACE_ENV) or DEFAULT_LOST_GRACE_S)
+
+
+@dataclass
+class HostProgress:
+    """Planned versus received environments of one host in one campaign."""
+
+    host: str
+    planned: list[EnvironmentSpec]
+    records: dict[str, EnvironmentRecord]
+    lost: dict[str, str] = field(default_factory=dict)  # env key -> reason
+
+    def missing(self) -> list[EnvironmentSpec]:
+        """Planned environments with neither a record nor a lost mark, in run order."""
+        return [s for s in self.planned if s.key() not in self.records and s.key() not in self.lost]
+
+    def complete(self) -> bool:
+        """Whether every planned environment has an outcome."""
+        return bool(self.planned) and not self.missing()
+
+    def outcomes(self) -> int:
+        """How many planned environments have an outcome (the finalization fingerprint)."""
+        return len(self.planned) - len(self.missing())
+
+
+def read_lost(path: Path) -> dict[str, str]:
+    """Lost marks of one host: environment key -> reason."""
+    if not path.exists():
+        return {}
+    lines = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return {d["key"]: d["reason"] for d in lines}
+
+
+def host_progress(store: Store, campaign: str, host: str) -> HostProgress:
+    """Planned versus received environments of ``host`` in ``campaign``, from the store."""
+    planned = store.load_campaign(campaign).host_specs(host)
+    records = {r.key(): r for r in store.records(campaign, host)}
+    lost = read_lost(store.host_dir(campaign, host) / LOST_FILE)
+    return HostProgress(host, planned, records, {k: v for k, v in lost.items() if k not in records})
+
+
+class Coordinator:
+    """Verifies, stores and finalizes; one per coordinator process."""
+
+    _cached: dict[int, Coordinator] = {}
+
+    def __init__(self, store: Store, registry: HostRegistry, client: redis.Redis, app: Celery):
+        self.store, self.registry, self.client, self.app = store, registry, client, app
+
+    @classmethod
+    def from_env(cls, app: Celery) -> Coordinator:
+        """The process's coordinator for ``app`` (store from ``$SANDBENCH_DATA``)."""
+        if id(app) not in cls._cached:
+            client = redis_client(app.conf.broker_url)
+            cls._cached[id(app)] = cls(Store(data_dir()), HostRegistry(), client, app)
+        return cls._cached[id(app)]
+
+    # --- records -------------------------------------------------------------------------------
+    def check(self, record: EnvironmentRecord) -> None:
+        """Raise ``RecordRejected`` unless ``record`` is signed by its host and was planned."""
+        verify_record(record, self.registry)
+        try:
+            planned = self.store.load_campaign(record.campaign).spec_by_key()
+        except StoreError as exc:
+            raise RecordRejected(f"{record.key()}: {exc}") from exc
+        if record.key() not in planned:
+            raise RecordRejected(f"{record.key()}: no such environment was planned")
+
+    def accept(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Store one record from the wire if it verifies; finalize its host when complete."""
+        try:
+            record = EnvironmentRecord.model_validate(data)
+            self.check(record)
+        except (ValidationError, RecordRejected) as exc:
+            return self.reject(data, str(exc).splitlines()[0])
+        added = self.store.append_record(record)
+        self.client.hset(STORED_AT_KEY.format(campaign=record.campaign), record.key(), time.time())
+        if not added:
+            log.info("duplicate record %s dropped (already stored)", record.key())
+        self.maybe_finalize(record.campaign, record.host)
+        return {"key": record.key(), "stored": added}
+
+    def reject(self, data: dict[str, Any], reason: str) -> dict[str, Any]:
+        """Log and count a record that must not be stored."""
+        campaign = str(data.get("campaign", "unknown"))
+        entry = {"host": data.get("host"), "reason": reason, "at": time.time()}
+        log.warning("record rejected: %s", reason)
+        self.client.rpush(REJECTED_KEY.format(campaign=campaign), json.dumps(entry))
+        return {"rejected": reason}
+
+    def rejected(self, campaign: str) -> list[dict[str, Any]]:
+        """Every rejection logged for ``campaign``."""
+        raw = self.client.lrange(REJECTED_KEY.format(campaign=campaign), 0, -1)
+        return [json.loads(x) for x in raw]
+
+    # --- finalization --------------------------------------------------------------------------
+    def maybe_finalize(self, campaign: str, host: str) -> bool:
+        """Queue ``finalize_host`` when the host is complete and not finalized as it stands."""
+        progress = host_progress(self.store, campaign, host)
+        done = self.client.hget(FINALIZED_KEY.format(campaign=campaign), host)
+        if not progress.complete() or done == str(progress.outcomes()):
+            return False
+        self.app.send_task(
+            TASK_FINALIZE,
+            args=[campaign, host],
+            queue=COORDINATOR_QUEUE,
+            argsrepr=f"{host} {campaign}",
+        )
+        return True
+
+    def finalize(self, campaign: str, host: str) -> dict[str, Any]:
+        """Re-apply the rule from the stored records and write the host's results and report."""
+        progress = host_progress(self.store, campaign, host)
+        if not progress.complete():
+            return {"host": host, "finalized": False, "missing": len(progress.missing())}
+        from coordinator.policy import derive
+
+        violations = derive(list(progress.records.values()), progress.planned)
+        for v in violations:
+            log.warning("campaign %s host %s: %s", campaign, host, v)
+        write_results(self.store, campaign)
+        self.client.hset(FINALIZED_KEY.format(campaign=campaign), host, progress.outcomes())
+        if self.all_finalized(campaign):
+            self.client.srem(ACTIVE_CAMPAIGNS_KEY, campaign)
+        log.info(
+            "campaign %s host %s finalized (%d environments)", campaign, host, len(progress.planned)
+        )
+        return {"host": host, "finalized": True, "violations": [str(v) for v in violations]}
+
+    def all_finalized(self, campaign: str) -> bool:
+        """Whether every host of ``campaign`` is finalized as it stands."""
+        done = self.client.hgetall(FINALIZED_KEY.format(campaign=campaign))
+        return all(
+            done.get(h) == str(host_progress(self.store, campaign, h).outcomes())
+            for h in self.store.load_campaign(campaign).hosts
+        )
+
+    # --- lost runs -------------------------------------------------------------------------------
+    def lost_runs(self, progress: HostProgress, now: float) -> Iterable[EnvironmentSpec]:
+        """Environments that started, stopped beating and did not come back in time."""
+        for spec in progress.missing():
+            started = self.client.get(STARTED_KEY.format(key=spec.key()))
+            if started is None or self.client.exists(ALIVE_KEY.format(key=spec.key())):
+                continue
+            if now - float(started) > lost_after_s():
+                yield spec
+
+    def mark_lost(self, campaign: str, host: str, spec: EnvironmentSpec, reason: str) -> None:
+        """Record that ``spec`` was lost, with ``reason`` (a planned environment without record)."""
+        path = self.store.host_dir(campaign, host) / LOST_FILE
+        line = json.dumps(
+            {"key": spec.key(), "task_id": spec.task_id, "reason": reason, "at": time.time()}
+        )
+        with open(path, "a") as f:
+            f.write(line + "\n")
+        log.warning("environment %s lost: %s", spec.key(), reason)
+
+    def sweep(self) -> None:
+        """One pass over the active campaigns: record lost runs, finalize what is complete."""
+        now = time.time()
+        for campaign in sorted(self.client.smembers(ACTIVE_CAMPAIGNS_KEY)):
+            try:
+                hosts = self.store.load_campaign(campaign).hosts
+            except StoreError:
+                continue
+            for host in hosts:
+                progress = host_progress(self.store, campaign, host)
+                for spec in self.lost_runs(progress, now):
+                    self.mark_lost(
+                        campaign,
+                        host,
+                        spec,
+                        "lost: worker stopped mid-environment "
+                        "and the environment did not come back",
+                    )
+                self.maybe_finalize(campaign, host)
+
+    def watch(self, stop: threading.Event) -> None:
+        """Sweep every few seconds until ``stop`` is set (a daemon thread of the coordinator)."""
+        while not stop.wait(SWEEP_INTERVAL_S):
+            try:
+                self.sweep()
+            except (redis.RedisError, StoreError, OSError) as exc:
+                log.warning("sweep failed, retrying: %s", exc)
+
+
+def write_results(store: Store, campaign: str) -> None:
+    """Rebuild every host's results and the report from the raw records."""
+    from coordinator.report import write_report
+
+    write_report(store, campaign)

@@ -1,0 +1,128 @@
+"""Progress of a fleet campaign per host: what ran, what failed (with task ids), what is left."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from coordinator.fleet import (
+    FINALIZED_KEY,
+    REJECTED_KEY,
+    HostProgress,
+    host_progress,
+)
+from coordinator.store import Store
+from tasks.fleet import ALIVE_KEY
+
+
+@dataclass
+class HostStatus:
+    """One host's line of ``sandbench status``."""
+
+    host: str
+    planned: int
+    outcomes: Counter[str]
+    lost: int
+    running: list[str]
+    left: int
+    finalized: bool
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form for ``--json``."""
+        return {
+            "host": self.host,
+            "planned": self.planned,
+            "outcomes": dict(self.outcomes),
+            "lost": self.lost,
+            "running": self.running,
+            "left": self.left,
+            "finalized": self.finalized,
+            "failures": self.failures,
+        }
+
+
+def _failures(progress: HostProgress) -> list[dict[str, Any]]:
+    """Failed and lost environments of one host with their task ids."""
+    latest: dict[tuple[str, str, str], int] = {}
+    for s in progress.planned:
+        latest[s.cell()] = max(latest.get(s.cell(), 0), s.attempt)
+    out = [
+        {
+            "key": r.key(),
+            "task_id": r.task_id,
+            "reason": r.reason,
+            "superseded": r.attempt < latest.get((r.host, r.mode, r.workload), 0),
+        }
+        for r in progress.records.values()
+        if r.outcome == "failed"
+    ]
+    by_key = {s.key(): s for s in progress.planned}
+    out += [
+        {
+            "key": k,
+            "task_id": by_key[k].task_id,
+            "reason": reason,
+            "superseded": by_key[k].attempt < latest[by_key[k].cell()],
+        }
+        for k, reason in progress.lost.items()
+        if k in by_key
+    ]
+    return out
+
+
+def host_status(store: Store, client: redis.Redis | None, campaign: str, host: str) -> HostStatus:
+    """Status of ``host`` in ``campaign`` from the store (and Redis, when reachable)."""
+    progress = host_progress(store, campaign, host)
+    missing = progress.missing()
+    running: list[str] = []
+    finalized = False
+    if client is not None:
+        running = [s.key() for s in missing if client.exists(ALIVE_KEY.format(key=s.key()))]
+        done = client.hget(FINALIZED_KEY.format(campaign=campaign), host)
+        finalized = done == str(progress.outcomes()) and progress.complete()
+    return HostStatus(
+        host=host,
+        planned=len(progress.planned),
+        outcomes=Counter(r.outcome for r in progress.records.values()),
+        lost=len(progress.lost),
+        running=running,
+        left=len(missing),
+        finalized=finalized,
+        failures=_failures(progress),
+    )
+
+
+def campaign_status(store: Store, client: redis.Redis | None, campaign: str) -> dict[str, Any]:
+    """Every host's status plus the rejected records of ``campaign``."""
+    hosts = store.load_campaign(campaign).hosts
+    statuses = [host_status(store, client, campaign, h) for h in hosts]
+    rejected = client.llen(REJECTED_KEY.format(campaign=campaign)) if client is not None else 0
+    return {
+        "campaign": campaign,
+        "hosts": [s.as_dict() for s in statuses],
+        "rejected": rejected,
+        "finished": all(s.finalized for s in statuses),
+    }
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """The human-readable status: one line per host, then failures and rejections."""
+    lines = [f"campaign {status['campaign']}"]
+    for h in status["hosts"]:
+        o = h["outcomes"]
+        state = "finalized" if h["finalized"] else f"{h['left']} left"
+        lines.append(
+            f"  {h['host']}: {h['planned']} planned, {o.get('passed', 0)} passed, "
+            f"{o.get('failed', 0)} failed, {o.get('not-run', 0)} not run, {h['lost']} lost, "
+            f"{len(h['running'])} running, {state}"
+        )
+        for f in h["failures"]:
+            mark = " (superseded)" if f["superseded"] else ""
+            lines.append(f"    failed {f['key']}: {f['reason']} task {f['task_id']}{mark}")
+    if status["rejected"]:
+        lines.append(f"  rejected records: {status['rejected']} (see the coordinator's log)")
+    return "\n".join(lines)

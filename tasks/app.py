@@ -1,0 +1,98 @@
+"""The Celery app of the fleet: broker and result backend from configuration, JSON only.
+
+Every setting that shapes delivery is explicit here (see the design's "Celery facts"):
+late acks, reject on worker loss, prefetch 1 with prefetch disabled beyond the running
+task, an explicit visibility timeout, task events with ``task_send_sent_event`` so queued
+environments show in Flower, and ``result_extended`` so results keep their names and args.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery import Celery
+
+BROKER_ENV = "SANDBENCH_BROKER"
+DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
+# An environment is bounded by its limit (90 s by default) plus preparation and cleanup;
+# a message unacknowledged for longer than this comes back (its worker is presumed dead).
+VISIBILITY_TIMEOUT_ENV = "SANDBENCH_VISIBILITY_TIMEOUT"
+DEFAULT_VISIBILITY_TIMEOUT_S = 900
+# How often a consumer sweeps for unacknowledged messages whose visibility timeout passed.
+RESTORE_INTERVAL_ENV = "SANDBENCH_RESTORE_INTERVAL"
+DEFAULT_RESTORE_INTERVAL_S = 10
+RESULT_EXPIRES_S = 7 * 24 * 3600
+APP_NAME = "sandbench"
+COORDINATOR_QUEUE = "coordinator"
+HOST_QUEUE_PREFIX = "host."
+
+# A redis-server restart must not lose a record: publishing retries for about a minute.
+PUBLISH_RETRY_POLICY = {
+    "max_retries": 120,
+    "interval_start": 0.0,
+    "interval_step": 0.25,
+    "interval_max": 0.5,
+}
+
+
+def host_queue(host: str) -> str:
+    """The queue that only ``host``'s worker consumes."""
+    return f"{HOST_QUEUE_PREFIX}{host}"
+
+
+def broker_url(explicit: str | None = None) -> str:
+    """The broker URL: ``explicit``, else ``$SANDBENCH_BROKER``, else local Redis."""
+    return explicit or os.environ.get(BROKER_ENV) or DEFAULT_BROKER
+
+
+def _env_int(name: str, default: int) -> int:
+    """Integer setting ``name`` from the environment, ``default`` when unset."""
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+def celery_config(url: str) -> dict[str, Any]:
+    """The complete Celery configuration for broker and backend ``url``."""
+    return {
+        "broker_url": url,
+        "result_backend": url,
+        "broker_transport_options": {
+            "visibility_timeout": _env_int(VISIBILITY_TIMEOUT_ENV, DEFAULT_VISIBILITY_TIMEOUT_S),
+            "unacked_restore_interval": _env_int(RESTORE_INTERVAL_ENV, DEFAULT_RESTORE_INTERVAL_S),
+            "unacked_restore_throttle": 1,  # the interval alone sets the sweep period
+        },
+        "result_backend_transport_options": {
+            "retry_policy": {"timeout": 60.0},
+        },
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,  # a lab host waits for its broker forever
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "result_extended": True,
+        "result_expires": RESULT_EXPIRES_S,
+        "task_track_started": True,
+        "task_send_sent_event": True,
+        "worker_send_task_events": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_disable_prefetch": True,
+        "task_publish_retry": True,
+        "task_publish_retry_policy": PUBLISH_RETRY_POLICY,
+        "task_default_queue": COORDINATOR_QUEUE,
+        "worker_hijack_root_logger": False,
+        "enable_utc": True,
+    }
+
+
+def create_app(broker: str | None = None) -> Celery:
+    """A configured Celery app with the fleet's tasks registered."""
+    app = Celery(APP_NAME, set_as_current=True)
+    app.conf.update(celery_config(broker_url(broker)))
+    from tasks import fleet
+
+    fleet.register_tasks(app)
+    return app
