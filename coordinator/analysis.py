@@ -1,0 +1,283 @@
+"""Statistics per host and cohort: cell task time and Ready, startup range, coverage, failures.
+
+Definitions (design, "Statistics"):
+
+* environment task time = sum of its round times (s);
+* a cell (host, mode, workload) is **complete** when all N planned environments of its current
+  attempt passed; only then it gets a median task time (median of the N environment sums) and
+  a median Ready; otherwise it is incomplete: no median, never zero, with a one-line reason;
+* N >= 10 adds a seeded bootstrap 95% interval of the median; N >= 30 adds P95; never P99;
+* startup range per mode = min / median / max of Ready over its passed environments;
+* coverage counts planned, ran, passed, failed, not run (rule), not run (preflight), pending,
+  complete cells of all cells, valid round records (validated rounds of run environments);
+* older attempts of a cell (fleet reruns) are superseded: kept in the raw table, never counted.
+
+No table mixes hosts or cohorts: every result is a ``HostTables`` of one (host, cohort).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec
+
+CI_MIN_N = 10
+P95_MIN_N = 30
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_LEVEL = 0.95
+CELL_KEYS = ["host", "cohort", "mode", "workload"]
+ENV_KEYS = [*CELL_KEYS, "env_index", "attempt"]
+STATUS_ORDER = ("passed", "failed", "not-run-rule", "not-run-preflight", "pending")
+CELL_COLUMNS = [
+    "host", "cohort", "mode", "workload", "group", "attempt", "status", "reason",
+    "planned", "ran", "passed", "failed", "not_run_rule", "not_run_preflight", "pending",
+    "valid_rounds", "task_s_median", "task_s_ci_low", "task_s_ci_high", "task_s_p95",
+    "ready_ms_median", "env_task_s",
+]  # fmt: skip
+
+
+@dataclass
+class HostTables:
+    """Every statistic of one host and cohort."""
+
+    host: str
+    cohort: str
+    cells: pd.DataFrame  # one row per cell, columns CELL_COLUMNS
+    startup: pd.DataFrame  # one row per mode: n, ready_ms min/median/max
+    coverage: dict[str, int]
+    failures: pd.DataFrame  # one row per failed environment of a current attempt
+    environments: pd.DataFrame  # one row per planned environment (current attempts)
+
+
+@dataclass
+class Analysis:
+    """Per-host tables of a campaign plus the raw per-record table (superseded included)."""
+
+    tables: list[HostTables]
+    raw: pd.DataFrame
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def workload_groups() -> dict[str, str]:
+    """Workload name -> group, from the registry (empty if the registry is unavailable)."""
+    try:
+        from workloads.registry import WORKLOADS
+    except ImportError:
+        return {}
+    return {name: w.group for name, w in WORKLOADS.items()}
+
+
+def _status(outcome: str, reason: str | None) -> str:
+    if outcome != "not-run":
+        return outcome
+    return (
+        "not-run-preflight"
+        if (reason or "").startswith(NOT_RUN_PREFLIGHT_PREFIX)
+        else "not-run-rule"
+    )
+
+
+def records_frame(records: Sequence[EnvironmentRecord]) -> pd.DataFrame:
+    """One row per record: identity, outcome, Ready, environment task time, validated rounds."""
+    rows = [
+        (r.host, r.cohort, r.mode, r.workload, r.env_index, r.attempt, r.order_index,
+         _status(r.outcome, r.reason), r.failure_class, r.reason, r.detail, r.ready_ms,
+         sum(x.task_s for x in r.rounds) if r.rounds else np.nan,
+         sum(1 for x in r.rounds if x.validated), len(r.rounds), r.superseded, r.campaign)
+        for r in records
+    ]  # fmt: skip
+    cols = [*ENV_KEYS, "order_index", "status", "failure_class", "reason", "detail", "ready_ms",
+            "task_s", "valid_rounds", "rounds", "superseded_flag", "campaign"]  # fmt: skip
+    df = pd.DataFrame(rows, columns=cols)
+    return df.astype({"ready_ms": float, "task_s": float, "superseded_flag": bool})
+
+
+def planned_frame(planned: Sequence[EnvironmentSpec]) -> pd.DataFrame:
+    """One row per planned environment."""
+    rows = [(s.host, s.cohort, s.mode, s.workload, s.env_index, s.attempt, s.order_index)
+            for s in planned]  # fmt: skip
+    return pd.DataFrame(rows, columns=[*ENV_KEYS, "order_index"])
+
+
+def _current(planned: pd.DataFrame, raw: pd.DataFrame) -> pd.DataFrame:
+    """Planned environments of each cell's latest attempt, joined with their records."""
+    latest = planned.groupby(CELL_KEYS)["attempt"].transform("max")
+    cur = planned[planned["attempt"] == latest]
+    fresh = raw.drop_duplicates(ENV_KEYS, keep="first").drop(columns=["order_index"])
+    env = cur.merge(fresh, on=ENV_KEYS, how="left")
+    env["status"] = env["status"].fillna("pending")
+    env["valid_rounds"] = env["valid_rounds"].fillna(0).astype(int)
+    return env.sort_values([*CELL_KEYS, "order_index"], kind="stable").reset_index(drop=True)
+
+
+def _mark_superseded(planned: pd.DataFrame, raw: pd.DataFrame) -> pd.DataFrame:
+    latest = planned.groupby(CELL_KEYS, as_index=False)["attempt"].max()
+    latest = latest.rename(columns={"attempt": "latest_attempt"})
+    out = raw.merge(latest, on=CELL_KEYS, how="left")
+    out["superseded"] = out["superseded_flag"] | (out["attempt"] < out["latest_attempt"])
+    return out.drop(columns=["latest_attempt", "superseded_flag"])
+
+
+def _seed(seed: int, key: tuple[Any, ...]) -> int:
+    text = "/".join(map(str, (seed, *key)))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def bootstrap_ci(values: np.ndarray, seed: int) -> tuple[float, float]:
+    """Seeded percentile bootstrap 95% interval of the median of ``values``."""
+    rng = np.random.default_rng(seed)
+    samples = rng.choice(values, size=(BOOTSTRAP_RESAMPLES, len(values)), replace=True)
+    medians = np.median(samples, axis=1)
+    tail = (1 - BOOTSTRAP_LEVEL) / 2 * 100
+    low, high = np.percentile(medians, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def _reason(g: pd.DataFrame, n: int) -> str:
+    """One line saying why a cell is incomplete (empty when complete)."""
+    counts = g["status"].value_counts()
+    if counts.get("passed", 0) == n:
+        return ""
+    pre = g[g["status"] == "not-run-preflight"]
+    if len(pre):
+        return str(pre["reason"].iloc[0]).replace(NOT_RUN_PREFLIGHT_PREFIX, "preflight failed: ", 1)
+    failed = g[g["status"] == "failed"]
+    parts = []
+    if len(failed):
+        f = failed.iloc[0]
+        detail = f": {f['detail']}" if isinstance(f["detail"], str) and f["detail"] else ""
+        parts.append(f"env {f['env_index']} failed ({f['failure_class']}/{f['reason']}{detail})")
+    if counts.get("not-run-rule", 0):
+        parts.append(f"{counts['not-run-rule']} not run under the {NOT_RUN_RULE}")
+    if counts.get("pending", 0):
+        parts.append(f"{counts['pending']} of {n} have no record yet")
+    return "; ".join(parts)
+
+
+def _cell_row(
+    key: tuple[Any, ...], g: pd.DataFrame, groups: dict[str, str], seed: int
+) -> dict[str, Any]:
+    n = len(g)
+    counts = g["status"].value_counts()
+    complete = counts.get("passed", 0) == n
+    status = "complete" if complete else "incomplete"
+    if counts.get("not-run-preflight", 0):
+        status = "preflight-failed"
+    sums = g.sort_values("env_index")["task_s"].to_numpy(dtype=float)
+    row: dict[str, Any] = dict(zip(CELL_KEYS, key, strict=True))
+    row |= {
+        "group": groups.get(key[3], ""), "attempt": int(g["attempt"].iloc[0]), "status": status,
+        "reason": _reason(g, n), "planned": n,
+        "ran": int(counts.get("passed", 0) + counts.get("failed", 0)),
+        "passed": int(counts.get("passed", 0)), "failed": int(counts.get("failed", 0)),
+        "not_run_rule": int(counts.get("not-run-rule", 0)),
+        "not_run_preflight": int(counts.get("not-run-preflight", 0)),
+        "pending": int(counts.get("pending", 0)), "valid_rounds": int(g["valid_rounds"].sum()),
+        "task_s_median": np.nan, "task_s_ci_low": np.nan, "task_s_ci_high": np.nan,
+        "task_s_p95": np.nan, "ready_ms_median": np.nan,
+        "env_task_s": ";".join(f"{v:.6f}" for v in sums if not np.isnan(v)),
+    }  # fmt: skip
+    if complete:
+        row["task_s_median"] = float(np.median(sums))
+        row["ready_ms_median"] = float(np.median(g["ready_ms"].to_numpy(dtype=float)))
+        if n >= CI_MIN_N:
+            row["task_s_ci_low"], row["task_s_ci_high"] = bootstrap_ci(sums, _seed(seed, key))
+        if n >= P95_MIN_N:
+            row["task_s_p95"] = float(np.percentile(sums, 95))
+    return row
+
+
+def _startup(env: pd.DataFrame) -> pd.DataFrame:
+    ok = env[env["status"] == "passed"]
+    agg = ok.groupby("mode", sort=False)["ready_ms"].agg(["count", "min", "median", "max"])
+    agg = agg.rename(columns={"count": "n", "min": "ready_ms_min", "median": "ready_ms_median",
+                              "max": "ready_ms_max"})  # fmt: skip
+    return agg.reset_index()
+
+
+def _coverage(env: pd.DataFrame, cells: pd.DataFrame, superseded: int) -> dict[str, int]:
+    counts = env["status"].value_counts()
+    return {
+        "planned": len(env), "ran": int(counts.get("passed", 0) + counts.get("failed", 0)),
+        "passed": int(counts.get("passed", 0)), "failed": int(counts.get("failed", 0)),
+        "not_run_rule": int(counts.get("not-run-rule", 0)),
+        "not_run_preflight": int(counts.get("not-run-preflight", 0)),
+        "pending": int(counts.get("pending", 0)),
+        "complete_cells": int((cells["status"] == "complete").sum()), "cells": len(cells),
+        "valid_rounds": int(env["valid_rounds"].sum()), "superseded_records": superseded,
+    }  # fmt: skip
+
+
+def _host_tables(
+    host: str, cohort: str, env: pd.DataFrame, raw: pd.DataFrame, seed: int
+) -> HostTables:
+    groups = workload_groups()
+    rows = [_cell_row(k, g, groups, seed) for k, g in env.groupby(CELL_KEYS, sort=False)]
+    cells = pd.DataFrame(rows, columns=CELL_COLUMNS)
+    failures = env[env["status"] == "failed"][
+        [
+            "mode",
+            "workload",
+            "env_index",
+            "attempt",
+            "order_index",
+            "failure_class",
+            "reason",
+            "detail",
+        ]
+    ].reset_index(drop=True)
+    superseded = int(((raw["host"] == host) & (raw["cohort"] == cohort) & raw["superseded"]).sum())
+    coverage = _coverage(env, cells, superseded)
+    return HostTables(host, cohort, cells, _startup(env), coverage, failures, env)
+
+
+def _order(env: pd.DataFrame, mode_order: list[str], workload_order: list[str]) -> pd.DataFrame:
+    """Sort cells in plan order of modes and registry order of workloads."""
+
+    def rank(values: pd.Series, order: list[str]) -> pd.Series:
+        known = {v: i for i, v in enumerate(order)}
+        return values.map(lambda v: known.get(v, len(known)))
+
+    env = env.assign(_m=rank(env["mode"], mode_order), _w=rank(env["workload"], workload_order))
+    env = env.sort_values(
+        ["host", "cohort", "_m", "mode", "_w", "workload", "order_index"], kind="stable"
+    )
+    return env.drop(columns=["_m", "_w"])
+
+
+def analyze(
+    records: Sequence[EnvironmentRecord],
+    planned: Sequence[EnvironmentSpec] | Any,
+    *,
+    seed: int | None = None,
+) -> Analysis:
+    """Per-host, per-cohort tables from ``records`` against the ``planned`` environments."""
+    specs: Sequence[EnvironmentSpec] = getattr(planned, "specs", planned)
+    if seed is None:
+        seed = specs[0].seed if specs else 0
+    plan_df, raw = planned_frame(specs), records_frame(records)
+    raw = _mark_superseded(plan_df, raw)
+    env = _current(plan_df, raw)
+    mode_order = _mode_order(planned, specs)
+    env = _order(env, mode_order, list(workload_groups()) or sorted(env["workload"].unique()))
+    tables = [
+        _host_tables(host, cohort, g, raw, seed)
+        for (host, cohort), g in env.groupby(["host", "cohort"], sort=True)
+    ]
+    return Analysis(tables, raw)
+
+
+def _mode_order(planned: Any, specs: Sequence[EnvironmentSpec]) -> list[str]:
+    """Modes in the order the plan named them (a campaign's plan), else the built-in order."""
+    plan = getattr(planned, "plan", None)
+    if isinstance(plan, dict) and plan.get("modes"):
+        return [m if isinstance(m, str) else m["name"] for m in plan["modes"]]
+    from worker.modes import BUILTIN_MODES
+
+    return [*BUILTIN_MODES, *sorted({s.mode for s in specs} - set(BUILTIN_MODES))]

@@ -1,0 +1,116 @@
+"""Campaigns: a plan expanded per host into environments in a seeded run order."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import secrets
+import uuid
+from collections import Counter
+from datetime import UTC, datetime
+
+from coordinator.plan import Plan
+from tasks.records import EnvironmentSpec
+
+CAMPAIGN_ID_FORMAT = "c-{date}-{suffix}"
+SUFFIX_BYTES = 2  # four hex digits
+
+
+def new_campaign_id(now: datetime | None = None) -> str:
+    """A fresh campaign id, ``c-YYYYMMDD-xxxx``."""
+    date = (now or datetime.now(UTC)).strftime("%Y%m%d")
+    return CAMPAIGN_ID_FORMAT.format(date=date, suffix=secrets.token_hex(SUFFIX_BYTES))
+
+
+def host_rng(seed: int, host: str) -> random.Random:
+    """The seeded generator of one host's run order (stable across Python versions)."""
+    digest = hashlib.sha256(f"sandbench-order/{seed}/{host}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def expand(
+    plan: Plan,
+    hosts: list[str],
+    campaign_id: str,
+    work_root: str,
+    *,
+    attempt: int = 1,
+) -> list[EnvironmentSpec]:
+    """Every planned environment of every host, each host's list in its seeded run order."""
+    specs: list[EnvironmentSpec] = []
+    cells = plan.cells()
+    quota = plan.quota.quota()
+    for host in hosts:
+        slots = [(entry, w, i) for entry, w in cells for i in range(plan.environments)]
+        host_rng(plan.seed, host).shuffle(slots)
+        for order, (entry, workload, env_index) in enumerate(slots):
+            specs.append(
+                EnvironmentSpec(
+                    campaign=campaign_id,
+                    cohort=plan.cohort,
+                    host=host,
+                    mode=entry.name,
+                    workload=workload,
+                    env_index=env_index,
+                    attempt=attempt,
+                    order_index=order,
+                    task_id=uuid.uuid4().hex,
+                    seed=plan.seed,
+                    scale=plan.scale,
+                    rounds=plan.rounds,
+                    limit_s=plan.limit_s,
+                    quota=quota,
+                    vm=plan.vm,
+                    work_root=work_root,
+                    mode_options=entry.mode_options(),
+                )  # fmt: skip
+            )
+    return specs
+
+
+def describe(plan: Plan) -> list[str]:
+    """Human lines saying what the plan expands to on one host (``sandbench plan show``)."""
+    q = plan.quota
+    lines = [
+        f"plan '{plan.name}': cohort {plan.cohort}, seed {plan.seed}, "
+        f"{plan.environments} environments x {plan.rounds} rounds per cell, "
+        f"scale {plan.scale:g}, limit {plan.limit_s:g} s",
+        f"quota: cpus {q.cpus}, {q.cpu_quota:g} cores, memory {_size(int(q.memory))}, "
+        f"swap {_size(int(q.swap))}; VM guest {plan.vm.vcpus} vCPU / {plan.vm.memory_mib} MiB",
+    ]
+    per_mode = Counter(entry.name for entry, _ in plan.cells())
+    by_count: dict[int, list[str]] = {}
+    for entry in plan.mode_entries():
+        by_count.setdefault(per_mode[entry.name], []).append(entry.name)
+    terms = []
+    for count, modes in by_count.items():
+        terms.append(f"{count} workloads x {len(modes)} modes x {plan.environments} environments")
+        kind = ", ".join(_mode_label(plan, m) for m in modes)
+        lines.append(f"  {count:>2} workloads each: {kind}")
+    total = sum(per_mode.values()) * plan.environments
+    lines.append(f"expansion per host: {' + '.join(terms)} = {total} environments")
+    if len(by_count) > 1:
+        lines.append("  (some modes run a subset of the workloads: see the notes)")
+    lines += [f"note: {n}" for n in plan.notes]
+    return lines
+
+
+def _mode_label(plan: Plan, name: str) -> str:
+    entry = next(e for e in plan.mode_entries() if e.name == name)
+    if entry.template is not None:
+        return f"{name} (command: {' '.join(entry.template)})"
+    if entry.workloads is not None:
+        return f"{name} ({', '.join(entry.workloads)})"
+    return name
+
+
+def _size(n: int) -> str:
+    for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= factor:
+            return f"{n / factor:g} {unit}"
+    return f"{n} B"
+
+
+def planned_total(plan: Plan) -> int:
+    """Environments per host."""
+    return len(plan.cells()) * plan.environments

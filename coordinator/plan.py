@@ -1,0 +1,285 @@
+"""The plan: a validated TOML file (workloads x modes x environments x rounds, quota, limits).
+
+Example::
+
+    name = "mine"
+    cohort = "default"          # results of two cohorts are never pooled
+    seed = 1                    # same seed, same run order
+    environments = 3            # N fresh environments per cell
+    rounds = 3                  # R dependent rounds per environment
+    limit_s = 90
+    scale = 1.0
+    workloads = ["all"]         # names, groups (mechanism, resource, workflow) or "all"
+    modes = ["native", "staged", { name = "vm", workloads = ["workflow"] },
+             { name = "gvisor", template = ["runsc", "do", "{payload_argv}"] }]
+    notes = ["why this plan looks the way it does"]
+    [quota]
+    cpus = "0,1"
+    cpu_quota = 2.0
+    memory = "2GiB"
+    swap = "0"
+    [vm]
+    vcpus = 2
+    memory_mib = 512
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tasks.errors import PlanError
+from tasks.records import Quota, VmSize
+
+ALL = "all"
+PRESETS = ("smoke", "full")
+SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2,
+              "MIB": 1024**2, "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}  # fmt: skip
+SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+# Smoke preset: VM modes boot a guest per environment (tens of seconds under TCG), so they get
+# only these workloads there; the full preset keeps the whole matrix.
+SMOKE_VM_WORKLOADS = ("publish",)
+SMOKE_SCALE = 0.02
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from an int or a string like ``"2GiB"``, ``"512M"``, ``"0"``."""
+    if isinstance(value, int):
+        return value
+    m = SIZE_RE.match(value)
+    if not m or m.group(2).upper() not in SIZE_UNITS:
+        raise ValueError(f'\'{value}\' is not a size; write e.g. "2GiB", "512MiB" or "0"')
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2).upper()])
+
+
+class QuotaPlan(BaseModel):
+    """The ``[quota]`` table: applied to every environment's whole process tree."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpus: str = "0,1"
+    cpu_quota: float = Field(2.0, gt=0)
+    memory: int | str = "2GiB"
+    swap: int | str = "0"
+
+    @field_validator("memory", "swap")
+    @classmethod
+    def _size(cls, value: int | str) -> int:
+        return parse_size(value)
+
+    def quota(self) -> Quota:
+        """The quota as the runner takes it."""
+        return Quota(
+            cpus=self.cpus, cpu_quota=self.cpu_quota,
+            memory_bytes=int(self.memory), swap_bytes=int(self.swap),
+        )  # fmt: skip
+
+
+class ModeEntry(BaseModel):
+    """One mode of the plan: a built-in name, or a command-template mode."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    template: list[str] | None = None  # command mode: argv with {payload_argv}, {workspace}, ...
+    staged: bool = False  # command mode only: works on a copy
+    workloads: list[str] | None = None  # subset for this mode (names or groups); None = plan's
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    def mode_options(self) -> dict[str, Any]:
+        """What the runner's ``get_mode(name, options)`` receives."""
+        opts = dict(self.options)
+        if self.template is not None:
+            opts.update(template=list(self.template), staged=self.staged)
+        return opts
+
+
+class Plan(BaseModel):
+    """A validated plan."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "campaign"
+    cohort: str = Field("default", min_length=1)
+    seed: int = 0
+    environments: int = Field(3, ge=1)
+    rounds: int = Field(3, ge=1)
+    limit_s: float = Field(90.0, gt=0)
+    scale: float = Field(1.0, gt=0, le=1.0)
+    workloads: list[str] = Field(default_factory=lambda: [ALL], min_length=1)
+    modes: list[str | ModeEntry] = Field(min_length=1)
+    quota: QuotaPlan = QuotaPlan()
+    vm: VmSize = VmSize()
+    notes: list[str] = Field(default_factory=list)
+
+    def mode_entries(self) -> list[ModeEntry]:
+        """Every mode as a ``ModeEntry``."""
+        return [m if isinstance(m, ModeEntry) else ModeEntry(name=m) for m in self.modes]
+
+    def cells(self) -> list[tuple[ModeEntry, str]]:
+        """(mode, workload) pairs of one host, modes in plan order, workloads in registry order."""
+        out = []
+        for entry in self.mode_entries():
+            names = entry.workloads if entry.workloads is not None else self.workloads
+            out += [(entry, w) for w in resolve_workloads(names)]
+        return out
+
+
+def _workload_registry() -> tuple[dict[str, str], list[str]]:
+    """Workload name -> group, and the group names, from ``workloads.registry``."""
+    from workloads.registry import WORKLOADS
+
+    groups = {name: w.group for name, w in WORKLOADS.items()}
+    return groups, sorted(set(groups.values()))
+
+
+def resolve_workloads(names: list[str]) -> list[str]:
+    """Workload names from names, groups or ``all``, in registry order, without duplicates."""
+    groups, _ = _workload_registry()
+    wanted = set()
+    for n in names:
+        wanted |= set(groups) if n == ALL else {w for w, g in groups.items() if n in (w, g)}
+    return [w for w in groups if w in wanted]
+
+
+def _near(name: str, choices: list[str]) -> str:
+    near = difflib.get_close_matches(name, choices, n=1)
+    return f"; did you mean '{near[0]}'?" if near else ""
+
+
+def _check_names(plan: Plan, source: str) -> None:
+    """Every workload and mode named by ``plan`` exists (or is a command mode)."""
+    from worker.modes import BUILTIN_MODES
+
+    groups, group_names = _workload_registry()
+    choices = [*groups, *group_names, ALL]
+
+    def check_workloads(names: list[str], where: str) -> None:
+        for i, n in enumerate(names):
+            if n not in choices:
+                raise PlanError(
+                    f"{source}: {where}[{i}] '{n}' is not a workload{_near(n, choices)}"
+                )
+
+    check_workloads(plan.workloads, "workloads")
+    seen: set[str] = set()
+    for i, entry in enumerate(plan.mode_entries()):
+        if entry.name in seen:
+            raise PlanError(
+                f"{source}: modes[{i}] '{entry.name}' appears twice; name modes uniquely"
+            )
+        seen.add(entry.name)
+        if entry.template is None and entry.name not in BUILTIN_MODES:
+            hint = _near(entry.name, list(BUILTIN_MODES))
+            raise PlanError(
+                f"{source}: modes[{i}] '{entry.name}' is not a mode{hint}"
+                " (or give it a template to make it a command mode)"
+            )
+        if entry.template is not None and not entry.template:
+            raise PlanError(f"{source}: modes[{i}] '{entry.name}': template must not be empty")
+        if entry.workloads is not None:
+            check_workloads(entry.workloads, f"modes[{i}].workloads")
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part not in ("str", "ModeEntry", "int", "function-after[_size(), union[int,str]]"):
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def parse_plan(text: str, source: str = "plan.toml") -> Plan:
+    """Validate plan TOML ``text``; errors name ``source``, the key and the fix."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PlanError(f"{source}: not valid TOML: {exc}") from exc
+    if "modes" not in data:
+        raise PlanError(f'{source}: modes is missing; list them, e.g. modes = ["native", "host"]')
+    try:
+        plan = Plan.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        extra = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise PlanError(f"{source}: {_location(err['loc'])}: {err['msg']}{extra}") from exc
+    _check_names(plan, source)
+    return plan
+
+
+def load_plan(path: Path) -> tuple[str, Plan]:
+    """The text and validated plan of the TOML file at ``path``."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise PlanError(f"cannot read plan {path}: {exc.strerror}") from exc
+    return text, parse_plan(text, str(path))
+
+
+def preset_text(name: str) -> str:
+    """The TOML text of preset ``name`` (``smoke`` or ``full``)."""
+    from worker.modes import BUILTIN_MODES
+
+    if name not in PRESETS:
+        raise PlanError(
+            f"'{name}' is not a preset{_near(name, list(PRESETS))} (presets: smoke, full)"
+        )
+    if name == "full":
+        modes = ", ".join(f'"{m}"' for m in BUILTIN_MODES)
+        return FULL_TEMPLATE.format(modes=modes)
+    subset = ", ".join(f'"{w}"' for w in SMOKE_VM_WORKLOADS)
+    modes = ",\n".join(
+        f'  {{ name = "{m}", workloads = [{subset}] }}' if m.startswith("vm") else f'  "{m}"'
+        for m in BUILTIN_MODES
+    )
+    names = ", ".join(SMOKE_VM_WORKLOADS)
+    return SMOKE_TEMPLATE.format(modes=modes, scale=SMOKE_SCALE, subset=names)
+
+
+def preset(name: str) -> tuple[str, Plan]:
+    """The text and validated plan of preset ``name``."""
+    text = preset_text(name)
+    return text, parse_plan(text, f"preset '{name}'")
+
+
+SMOKE_TEMPLATE = """\
+# sandbench preset 'smoke': a first look in a few minutes on one machine.
+# Every built-in mode is planned; a mode whose preflight fails here runs nothing and is
+# reported as preflight failed.
+name = "smoke"
+cohort = "smoke"
+seed = 1
+environments = 3
+rounds = 3
+limit_s = 90
+scale = {scale}
+workloads = ["all"]
+modes = [
+{modes},
+]
+notes = [
+  "Smoke preset: sizes scaled by {scale}.",
+  "VM modes run only: {subset} (a guest boots per environment, tens of seconds under TCG).",
+  "The full preset runs every workload in every mode at full size.",
+]
+"""
+
+FULL_TEMPLATE = """\
+# sandbench preset 'full': the whole matrix at the design's sizes.
+name = "full"
+cohort = "full"
+seed = 1
+environments = 3
+rounds = 3
+limit_s = 90
+scale = 1.0
+workloads = ["all"]
+modes = [{modes}]
+"""
