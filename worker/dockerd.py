@@ -74,7 +74,11 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         """Connect to the unix socket instead of TCP."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
-        sock.connect(self._path)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
         self.sock = sock
 
 
@@ -268,37 +272,32 @@ class Dockerd:
                 self.stop()
 
     def _spawn_and_wait(self, timeout: float) -> None:
-        """Spawn dockerd detached from our session and wait for its API."""
+        """Spawn dockerd detached (its own session, not our child) and wait for its API."""
         for stale in (self.pidfile, self.socket):
             stale.unlink(missing_ok=True)
         config = self.state_dir / "daemon.json"
         if not config.exists():  # hermetic: never read /etc/docker/daemon.json
             config.write_text("{}\n")
-        with open(self.logfile, "ab") as log:
-            proc = subprocess.Popen(
-                self.argv(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
-        self._wait_ready(proc, timeout)
+        # The shell starts dockerd in the background and exits, so the daemon outlives this
+        # process's children and is owned by its pid file, not by a Popen object.
+        spawn = f'"$@" >>"{self.logfile}" 2>&1 </dev/null & echo $!'
+        out = subprocess.run(
+            ["/bin/sh", "-c", spawn, "sh", *self.argv()],
+            capture_output=True, text=True, check=True, start_new_session=True,
+        )  # fmt: skip
+        self._wait_ready(int(out.stdout.strip()), timeout)
 
-    def _wait_ready(self, proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    def _wait_ready(self, pid: int | None, timeout: float) -> None:
         """Poll ``/_ping`` until the daemon answers; ``DockerdError`` with its log otherwise."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.ping():
                 return
-            if proc is not None and proc.poll() is not None:
-                raise DockerdError(
-                    f"dockerd exited with status {proc.returncode} while starting; "
-                    f"{self._log_tail()}"
-                )
+            if pid is not None and not _alive(pid):
+                raise DockerdError(f"dockerd exited while starting; {self._log_tail()}")
             time.sleep(POLL_S)
-        if proc is not None:
-            _kill_tree(proc.pid)
+        if pid is not None:
+            _kill_tree(pid)
         raise DockerdError(f"dockerd did not answer within {timeout:.0f} s; {self._log_tail()}")
 
     def _log_tail(self) -> str:
@@ -354,6 +353,14 @@ class Dockerd:
         for point in self.mounts():
             subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not count)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _terminate(pid: int, timeout: float) -> None:
