@@ -1,0 +1,100 @@
+"""Plots of one host's tables (matplotlib, Agg): SVG for the HTML report, PNG beside it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen before pyplot loads)
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from coordinator.analysis import HostTables  # noqa: E402
+
+FIG_WIDTH_IN = 9.0
+BAR_WIDTH = 0.8
+plt.rcParams.update({"svg.hashsalt": "sandbench", "font.size": 9})
+
+
+def _save(fig: plt.Figure, stem: Path) -> tuple[Path, Path]:
+    """Write ``stem``.svg and ``stem``.png; returns both paths."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    svg, png = stem.with_suffix(".svg"), stem.with_suffix(".png")
+    fig.savefig(svg, metadata={"Date": None})
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return svg, png
+
+
+def task_time_bars(
+    t: HostTables, workloads: list[str], title: str, stem: Path
+) -> tuple[Path, Path] | None:
+    """Grouped bars: median environment task time per workload (groups) and mode (bars)."""
+    cells = t.cells[t.cells["workload"].isin(workloads)]
+    if cells.empty:
+        return None
+    table = cells.pivot(index="workload", columns="mode", values="task_s_median")
+    table = table.reindex(index=[w for w in workloads if w in table.index],
+                          columns=list(dict.fromkeys(cells["mode"])))  # fmt: skip
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 3.2 + 0.1 * len(table.columns)))
+    x = np.arange(len(table.index))
+    width = BAR_WIDTH / max(len(table.columns), 1)
+    for i, mode in enumerate(table.columns):
+        values = table[mode].to_numpy(dtype=float)
+        ax.bar(x + i * width - BAR_WIDTH / 2 + width / 2, np.nan_to_num(values), width, label=mode)
+        for xi, v in zip(x, values, strict=True):
+            if np.isnan(v):  # incomplete: mark it, never draw it as zero
+                ax.text(
+                    xi + i * width - BAR_WIDTH / 2 + width / 2, 0, "—", ha="center", va="bottom"
+                )
+    ax.set_xticks(x, table.index)
+    ax.set_ylabel("median environment task time (s)")
+    ax.set_title(f"{title} — host {t.host}, cohort {t.cohort} ('—' = incomplete)")
+    ax.legend(fontsize=7, ncols=min(len(table.columns), 5))
+    fig.tight_layout()
+    return _save(fig, stem)
+
+
+def startup_range(t: HostTables, stem: Path) -> tuple[Path, Path] | None:
+    """Ready per mode: median with a min-max range (ms, log scale)."""
+    s = t.startup
+    if s.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 2.8))
+    y = np.arange(len(s))
+    med = s["ready_ms_median"].to_numpy(dtype=float)
+    lo, hi = (
+        med - s["ready_ms_min"].to_numpy(dtype=float),
+        s["ready_ms_max"].to_numpy(dtype=float) - med,
+    )
+    ax.errorbar(med, y, xerr=[lo, hi], fmt="o", capsize=4)
+    ax.set_yticks(y, s["mode"])
+    ax.set_xscale("log")
+    ax.set_xlabel("Ready (ms): min / median / max over passed environments")
+    ax.set_title(f"Startup range — host {t.host}, cohort {t.cohort}")
+    fig.tight_layout()
+    return _save(fig, stem)
+
+
+def relative_heatmap(t: HostTables, workloads: list[str], stem: Path) -> tuple[Path, Path] | None:
+    """Median task time relative to the fastest complete mode of each workload (1.0 = fastest)."""
+    cells = t.cells[t.cells["workload"].isin(workloads)]
+    if cells.empty:
+        return None
+    table: pd.DataFrame = cells.pivot(index="workload", columns="mode", values="task_s_median")
+    table = table.reindex(index=[w for w in workloads if w in table.index],
+                          columns=list(dict.fromkeys(cells["mode"])))  # fmt: skip
+    ratio = table.div(table.min(axis=1), axis=0)
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 1.0 + 0.32 * len(ratio.index)))
+    im = ax.imshow(np.log10(ratio.to_numpy(dtype=float)), aspect="auto", cmap="viridis")
+    for (i, j), v in np.ndenumerate(ratio.to_numpy(dtype=float)):
+        ax.text(j, i, "—" if np.isnan(v) else f"{v:.2g}x", ha="center", va="center", fontsize=7,
+                color="black" if np.isnan(v) else "white")  # fmt: skip
+    ax.set_xticks(range(len(ratio.columns)), ratio.columns)
+    ax.set_yticks(range(len(ratio.index)), ratio.index)
+    ax.set_title(f"Task time / fastest complete mode — host {t.host}, cohort {t.cohort}")
+    fig.colorbar(im, ax=ax, label="log10 ratio")
+    fig.tight_layout()
+    return _save(fig, stem)

@@ -1,0 +1,368 @@
+"""The report of a campaign, rebuilt from raw records: results.csv per host, report.md/.html, plots.
+
+Every table is of one host and one cohort. An incomplete cell shows ``—`` with a note number;
+the note, one line below the table, says why (failure, rule, preflight, pending).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from coordinator import plots
+from coordinator.analysis import CELL_COLUMNS, Analysis, HostTables, analyze
+from coordinator.store import Campaign, Store
+
+WRITES_SYNC = (
+    "seq-write",
+    "sync-write",
+    "create-small",
+    "rename-atomic",
+    "append-fsync",
+    "mmap-write",
+)
+READS_META = ("read-small", "stat-tree", "readdir-wide", "read-large", "delete-tree", "copy-tree")
+CSV_FLOAT = "%.6f"
+TASK_UNIT = "median environment task time, s (environment = sum of its rounds; median over N)"
+CSS = """body{font:14px/1.45 system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #bbb;padding:2px 7px}
+td.num{text-align:right;font-variant-numeric:tabular-nums}td.missing{text-align:center;color:#a00}
+p.cap{font-style:italic;margin:.8em 0 .2em}ol.notes{font-size:12px;color:#444;margin-top:0}
+svg{max-width:100%;height:auto}.bad{color:#a00;font-weight:bold}.ok{color:#070}"""
+
+
+@dataclass
+class Table:
+    """A titled table; a cell that is an ``int`` in ``missing`` columns refers to a note."""
+
+    caption: str
+    header: list[str]
+    rows: list[list[str | tuple[str, int]]]  # (text, note number) for an incomplete cell
+    notes: list[str] = field(default_factory=list)
+
+
+Block = tuple[str, Any]  # ("h1"|"h2"|"h3"|"p"|"ul"|"table"|"plot", payload)
+
+
+def fmt(value: float, digits: int = 4) -> str:
+    """A number with ``digits`` significant digits, '—' for a missing one."""
+    return (
+        "—"
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else f"{value:.{digits}g}"
+    )
+
+
+def cell_table(t: HostTables, workloads: list[str], caption: str) -> Table | None:
+    """Workloads (rows) x modes (columns): median task time, '—' + note when incomplete."""
+    cells = t.cells[t.cells["workload"].isin(workloads)]
+    if cells.empty:
+        return None
+    modes = list(dict.fromkeys(cells["mode"]))
+    table = Table(caption, ["workload", *modes], [])
+    by_key = {(r.mode, r.workload): r for r in cells.itertuples()}
+    for w in [w for w in workloads if w in set(cells["workload"])]:
+        row: list[str | tuple[str, int]] = [w]
+        for m in modes:
+            r = by_key.get((m, w))
+            if r is None:
+                row.append("not planned")
+            elif r.status == "complete":
+                ci = (
+                    f" [{fmt(r.task_s_ci_low)}, {fmt(r.task_s_ci_high)}]"
+                    if not math.isnan(r.task_s_ci_low)
+                    else ""
+                )
+                row.append(f"{fmt(r.task_s_median)}{ci}")
+            else:
+                table.notes.append(f"{m} / {w}: {r.reason}")
+                row.append(("—", len(table.notes)))
+        table.rows.append(row)
+    return table
+
+
+def _groups(t: HostTables) -> dict[str, list[str]]:
+    order = list(dict.fromkeys(t.cells["workload"]))
+    group = dict(zip(t.cells["workload"], t.cells["group"], strict=False))
+    return {
+        "workflow": [w for w in order if group.get(w) == "workflow"],
+        "writes": [w for w in order if w in WRITES_SYNC],
+        "reads": [w for w in order if w in READS_META],
+        "resource": [w for w in order if group.get(w) == "resource"],
+        "other": [w for w in order if w not in WRITES_SYNC + READS_META
+                  and group.get(w) not in ("workflow", "resource")],
+    }  # fmt: skip
+
+
+def headline(t: HostTables, workflows: list[str]) -> list[str]:
+    """One sentence per workflow: the fastest complete mode and every other mode relative to it."""
+    out = []
+    for w in workflows or list(dict.fromkeys(t.cells["workload"]))[:3]:
+        c = t.cells[t.cells["workload"] == w]
+        done = c[c["status"] == "complete"].sort_values("task_s_median", kind="stable")
+        if done.empty:
+            out.append(f"{w}: no mode completed all environments.")
+            continue
+        best = done.iloc[0]
+        others = ", ".join(
+            f"{r.mode} {r.task_s_median / best.task_s_median:.2f}x"
+            for r in done.iloc[1:].itertuples()
+        )
+        missing = ", ".join(c[c["status"] != "complete"]["mode"])
+        text = f"{w}: fastest {best['mode']} at {fmt(best['task_s_median'])} s"
+        text += f"; relative to it: {others}" if others else ""
+        text += f"; incomplete: {missing}" if missing else ""
+        out.append(text + ".")
+    return out
+
+
+def _startup_table(t: HostTables) -> Table:
+    rows: list[list[str | tuple[str, int]]] = [
+        [r.mode, str(r.n), fmt(r.ready_ms_min), fmt(r.ready_ms_median), fmt(r.ready_ms_max)]
+        for r in t.startup.itertuples()
+    ]
+    ready = Table(
+        "Ready per mode, ms (over passed environments)", ["mode", "n", "min", "median", "max"], rows
+    )
+    return ready
+
+
+def _coverage_table(t: HostTables) -> Table:
+    labels = {
+        "planned": "planned environments", "ran": "ran", "passed": "passed", "failed": "failed",
+        "not_run_rule": "not run (first-failure rule)", "not_run_preflight": "not run (preflight)",
+        "pending": "no record yet", "cells": "cells", "complete_cells": "complete cells",
+        "valid_rounds": "valid round records",
+        "superseded_records": "superseded records (kept, not counted)",
+    }  # fmt: skip
+    return Table(
+        "Coverage (counts)", ["what", "count"], [[labels[k], str(v)] for k, v in t.coverage.items()]
+    )
+
+
+def _failures_table(t: HostTables) -> Table:
+    rows: list[list[str | tuple[str, int]]] = [
+        [r.mode, r.workload, str(r.env_index), str(r.attempt), str(r.failure_class), str(r.reason),
+         str(r.detail or "")[:200]]
+        for r in t.failures.itertuples()
+    ]  # fmt: skip
+    return Table(
+        "Failed environments",
+        ["mode", "workload", "env", "attempt", "class", "reason", "detail"],
+        rows,
+    )
+
+
+def _missing_list(t: HostTables) -> list[str]:
+    inc = t.cells[t.cells["status"] != "complete"]
+    return [f"{r.mode} / {r.workload}: {r.reason}" for r in inc.itertuples()]
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for k in sorted(d):
+        v = d[k]
+        if isinstance(v, dict):
+            out += _flatten(v, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", json.dumps(v) if isinstance(v, list) else str(v)))
+    return out
+
+
+def host_blocks(t: HostTables, provenance: dict[str, Any], plot_dir: Path) -> list[Block]:
+    """The sections of one host and cohort."""
+    g = _groups(t)
+    slug = f"{t.host}-{t.cohort}"
+    blocks: list[Block] = [("h2", f"Host {t.host}, cohort {t.cohort}")]
+    sections = [
+        ("Task completion per workflow and mode", g["workflow"], "workflows"),
+        ("Small writes and synchronization", g["writes"], "writes"),
+        ("Reads and metadata", g["reads"], "reads"),
+        ("Working set and concurrency", g["resource"], "resource"),
+        ("Other workloads", g["other"], "other"),
+    ]
+    for title, workloads, name in sections:
+        table = cell_table(t, workloads, TASK_UNIT)
+        if table is None:
+            continue
+        blocks += [("h3", title), ("table", table)]
+        paths = plots.task_time_bars(t, workloads, title, plot_dir / f"{slug}-{name}")
+        blocks += [("plot", paths)] if paths else []
+    mech = g["writes"] + g["reads"]
+    paths = (
+        plots.relative_heatmap(t, mech, plot_dir / f"{slug}-mechanisms-relative") if mech else None
+    )
+    blocks += [("plot", paths)] if paths else []
+    blocks += [("h3", "Ready and the startup range"), ("table", _startup_table(t))]
+    paths = plots.startup_range(t, plot_dir / f"{slug}-startup")
+    blocks += [("plot", paths)] if paths else []
+    blocks += [("h3", "Coverage"), ("table", _coverage_table(t))]
+    blocks += [("h3", "Failures and missing observations"), ("table", _failures_table(t))]
+    blocks += [
+        ("p", "Incomplete cells (no median, never zero):"),
+        ("ul", _missing_list(t) or ["none"]),
+    ]
+    prov = Table(
+        "Provenance of this host", ["fact", "value"], [[k, v] for k, v in _flatten(provenance)]
+    )
+    blocks += [("h3", "Provenance"), ("table", prov)]
+    return blocks
+
+
+def campaign_blocks(
+    store: Store, campaign: Campaign, analysis: Analysis, plot_dir: Path
+) -> list[Block]:
+    """Every section of the report, host by host."""
+    plan = campaign.plan
+    verified = store.verification(campaign.id)
+    status = "not verified yet (run 'sandbench verify')"
+    if verified is not None:
+        status = (
+            "verified"
+            if verified.get("ok")
+            else f"UNVERIFIED: {len(verified.get('problems', []))} problems"
+        )
+    blocks: list[Block] = [
+        ("h1", f"sandbench campaign {campaign.id}"),
+        ("p", f"Plan '{plan.get('name')}', cohort {plan.get('cohort')}, seed {plan.get('seed')}, "
+              "created "
+              f"{campaign.created_at}; hosts: {', '.join(campaign.hosts)}; records: {status}."),
+        ("h2", "Headline"),
+    ]  # fmt: skip
+    for t in analysis.tables:
+        lines = headline(t, _groups(t)["workflow"])
+        blocks += [
+            ("p", f"Host {t.host} (cohort {t.cohort}), median wait per workflow environment:"),
+            ("ul", lines),
+        ]
+    blocks += [
+        ("h2", "Configuration"),
+        ("ul", _config_lines(plan) + [f"note: {n}" for n in plan.get("notes", [])]),
+    ]
+    for t in analysis.tables:
+        blocks += host_blocks(t, store.provenance(campaign.id, t.host), plot_dir)
+    return blocks
+
+
+def _mode_text(m: str | dict[str, Any]) -> str:
+    if isinstance(m, str):
+        return m
+    text = str(m["name"])
+    text += f" (workloads: {', '.join(m['workloads'])})" if m.get("workloads") else ""
+    return text + (f" (command: {' '.join(m['template'])})" if m.get("template") else "")
+
+
+def _config_lines(plan: dict[str, Any]) -> list[str]:
+    modes = [_mode_text(m) for m in plan.get("modes", [])]
+    q, vm = plan.get("quota", {}), plan.get("vm", {})
+    return [
+        f"environments per cell N = {plan.get('environments')}, "
+        f"rounds per environment R = {plan.get('rounds')}, "
+        f"limit {plan.get('limit_s')} s, scale {plan.get('scale')}",
+        f"workloads: {', '.join(plan.get('workloads', []))}; modes: {', '.join(modes)}",
+        f"quota: cpus {q.get('cpus')}, {q.get('cpu_quota')} cores, memory {q.get('memory')} B, "
+        f"swap {q.get('swap')} B; "
+        f"VM {vm.get('vcpus')} vCPU / {vm.get('memory_mib')} MiB",
+        "statistics: N=3 is exploratory (no tails, no intervals); "
+        "N>=10 adds a bootstrap 95% interval of "
+        "the median [low, high]; N>=30 adds P95; hosts and cohorts are never pooled or ranked",
+    ]  # fmt: skip
+
+
+# --- rendering ---------------------------------------------------------------------------------
+def to_markdown(blocks: list[Block], root: Path) -> str:
+    """The report as Markdown (plots linked as relative PNGs)."""
+    out: list[str] = []
+    for kind, payload in blocks:
+        if kind in ("h1", "h2", "h3"):
+            out += ["#" * int(kind[1]) + " " + payload, ""]
+        elif kind == "p":
+            out += [payload, ""]
+        elif kind == "ul":
+            out += [f"- {x}" for x in payload] + [""]
+        elif kind == "plot":
+            out += [f"![{payload[1].stem}]({payload[1].relative_to(root)})", ""]
+        elif kind == "table":
+            out += _md_table(payload)
+    return "\n".join(out)
+
+
+def _md_table(t: Table) -> list[str]:
+    def cell(c: str | tuple[str, int]) -> str:
+        return f"— [{c[1]}]" if isinstance(c, tuple) else str(c).replace("|", "\\|")
+
+    lines = [f"*{t.caption}*", "", "| " + " | ".join(t.header) + " |", "|" + "---|" * len(t.header)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in t.rows]
+    lines += [""] + [f"[{i}] {n}  " for i, n in enumerate(t.notes, 1)] + [""]
+    return lines
+
+
+def to_html(blocks: list[Block]) -> str:
+    """The report as one self-contained HTML page (inline CSS and SVG; opens offline)."""
+    body: list[str] = []
+    for n, (kind, payload) in enumerate(blocks):
+        if kind in ("h1", "h2", "h3"):
+            body.append(f"<{kind}>{html.escape(payload)}</{kind}>")
+        elif kind == "p":
+            body.append(f"<p>{html.escape(payload)}</p>")
+        elif kind == "ul":
+            body.append("<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in payload) + "</ul>")
+        elif kind == "plot":
+            svg = payload[0].read_text()
+            body.append("<figure>" + svg[svg.find("<svg") :] + "</figure>")
+        elif kind == "table":
+            body.append(_html_table(payload, f"t{n}"))
+    title = html.escape(blocks[0][1]) if blocks else "sandbench report"
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+            f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")  # fmt: skip
+
+
+def _html_table(t: Table, tid: str) -> str:
+    def cell(c: str | tuple[str, int]) -> str:
+        if isinstance(c, tuple):
+            note = html.escape(t.notes[c[1] - 1], quote=True)
+            link = f"<a href='#{tid}-n{c[1]}'>—<sup>{c[1]}</sup></a>"
+            return f"<td class='missing' title='{note}'>{link}</td>"
+        cls = " class='num'" if c[:1].isdigit() else ""
+        return f"<td{cls}>{html.escape(str(c))}</td>"
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in t.header)
+    rows = "".join("<tr>" + "".join(cell(c) for c in row) + "</tr>" for row in t.rows)
+    notes = "".join(f"<li id='{tid}-n{i}'>{html.escape(x)}</li>" for i, x in enumerate(t.notes, 1))
+    notes_html = f"<ol class='notes'>{notes}</ol>" if notes else ""
+    caption = f"<p class='cap'>{html.escape(t.caption)}</p>"
+    return f"{caption}<table><tr>{head}</tr>{rows}</table>{notes_html}"
+
+
+# --- files -------------------------------------------------------------------------------------
+def write_results_csv(store: Store, campaign_id: str, analysis: Analysis) -> list[Path]:
+    """One results.csv per host: one row per cell (every cohort of the host, never mixed)."""
+    paths = []
+    for host in sorted({t.host for t in analysis.tables}):
+        frames = [t.cells for t in analysis.tables if t.host == host]
+        path = store.host_dir(campaign_id, host) / "results.csv"
+        pd.concat(frames)[CELL_COLUMNS].to_csv(
+            path, index=False, float_format=CSV_FLOAT, lineterminator="\n"
+        )
+        paths.append(path)
+    return paths
+
+
+def write_report(store: Store, campaign_id: str) -> dict[str, Any]:
+    """Rebuild every derived file of a campaign from its raw records; returns their paths."""
+    campaign = store.load_campaign(campaign_id)
+    analysis = analyze(store.records(campaign_id), campaign)
+    root = store.campaign_dir(campaign_id)
+    csvs = write_results_csv(store, campaign_id, analysis)
+    blocks = campaign_blocks(store, campaign, analysis, root / "plots")
+    (root / "report.md").write_text(to_markdown(blocks, root))
+    (root / "report.html").write_text(to_html(blocks))
+    plot_files = sorted((root / "plots").glob("*")) if (root / "plots").is_dir() else []
+    return {"results": csvs, "markdown": root / "report.md", "html": root / "report.html",
+            "plots": plot_files, "analysis": analysis}  # fmt: skip
