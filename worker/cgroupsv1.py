@@ -1,0 +1,146 @@
+"""cgroup v1: one directory per controller hierarchy (cpu, cpuacct, cpuset, memory, pids, ...)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+from tasks.records import Quota
+from worker.quota import (
+    CFS_PERIOD_US,
+    KILL_WAIT_S,
+    POLL_S,
+    Cgroup,
+    QuotaError,
+    cgroup_mounts,
+    remove_dir,
+    write_file,
+)
+
+CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids", "freezer")
+REQUIRED = ("cpu", "cpuacct", "cpuset", "memory", "pids")
+FREEZE_WAIT_S = 2.0
+
+
+class CgroupV1(Cgroup):
+    """A cgroup present in every v1 hierarchy under the same relative path."""
+
+    version = 1
+
+    def __init__(self, path: str, mounts: dict[str, Path] | None = None) -> None:
+        super().__init__(path)
+        mounts = mounts if mounts is not None else cgroup_mounts()
+        missing = [name for name in REQUIRED if name not in mounts]
+        if missing:
+            raise QuotaError(f"cgroup v1 controllers not mounted: {', '.join(missing)}")
+        rel = path.strip("/")
+        self.dirs = {name: mounts[name] / rel for name in CONTROLLERS if name in mounts}
+
+    def _unique_dirs(self) -> list[Path]:
+        """The cgroup's directories, once each (co-mounted controllers share one)."""
+        return list(dict.fromkeys(self.dirs.values()))
+
+    def create(self, quota: Quota | None) -> None:
+        """Create the directories in every hierarchy and apply ``quota``."""
+        for directory in self._unique_dirs():
+            for level in (directory.parent, directory):
+                if not level.exists():
+                    try:
+                        level.mkdir(exist_ok=True)
+                    except OSError as exc:
+                        raise QuotaError(f"cannot create cgroup {level}: {exc.strerror}") from exc
+        self._init_cpuset(self.dirs["cpuset"].parent)
+        self._init_cpuset(self.dirs["cpuset"], quota.cpus if quota else None)
+        if quota is not None:
+            self._apply(quota)
+
+    def _init_cpuset(self, directory: Path, cpus: str | None = None) -> None:
+        """A v1 cpuset accepts tasks only once cpus and mems are set: inherit what is unset."""
+        parent = directory.parent
+        for name, value in (("cpuset.cpus", cpus), ("cpuset.mems", None)):
+            current = (directory / name).read_text().strip()
+            wanted = value or current or (parent / name).read_text().strip()
+            if wanted != current:
+                write_file(directory / name, wanted)
+
+    def _apply(self, quota: Quota) -> None:
+        """Write the CPU and memory limits (swap: memsw = memory + swap)."""
+        cpu = self.dirs["cpu"]
+        write_file(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+        write_file(cpu / "cpu.cfs_quota_us", str(max(1000, int(quota.cpu_quota * CFS_PERIOD_US))))
+        memory = self.dirs["memory"]
+        write_file(memory / "memory.limit_in_bytes", str(quota.memory_bytes))
+        memsw = memory / "memory.memsw.limit_in_bytes"
+        if memsw.exists():
+            write_file(memsw, str(quota.memory_bytes + quota.swap_bytes))
+        elif quota.swap_bytes == 0:
+            write_file(memory / "memory.swappiness", "0")
+
+    def join_fds(self) -> list[int]:
+        """One open ``cgroup.procs`` per hierarchy."""
+        return [os.open(d / "cgroup.procs", os.O_WRONLY) for d in self._unique_dirs()]
+
+    def pids(self) -> list[int]:
+        """Processes in the pids hierarchy's cgroup."""
+        try:
+            text = (self.dirs["pids"] / "cgroup.procs").read_text()
+        except FileNotFoundError:
+            return []
+        return [int(line) for line in text.split()]
+
+    def kill(self) -> None:
+        """Freeze (so nothing forks away), SIGKILL every process, thaw, wait until empty."""
+        deadline = time.monotonic() + KILL_WAIT_S
+        while self.pids():
+            frozen = self._freeze("FROZEN")
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if frozen:
+                self._freeze("THAWED")
+            if time.monotonic() > deadline:
+                raise QuotaError(f"processes survive SIGKILL in cgroup {self.path}: {self.pids()}")
+            time.sleep(POLL_S)
+
+    def _freeze(self, state: str) -> bool:
+        """Set the freezer state; True once reached (False without a freezer hierarchy)."""
+        freezer = self.dirs.get("freezer")
+        if freezer is None or not freezer.exists():
+            return False
+        write_file(freezer / "freezer.state", state)
+        deadline = time.monotonic() + FREEZE_WAIT_S
+        while (freezer / "freezer.state").read_text().strip() != state:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(POLL_S / 10)
+        return True
+
+    def cpu_seconds(self) -> float:
+        """``cpuacct.usage`` (ns) in seconds."""
+        return int((self.dirs["cpuacct"] / "cpuacct.usage").read_text()) / 1e9
+
+    def peak_memory(self) -> int | None:
+        """``memory.max_usage_in_bytes``: the high-water mark of memory charged to the cgroup."""
+        return int((self.dirs["memory"] / "memory.max_usage_in_bytes").read_text())
+
+    def oom_killed(self) -> bool:
+        """``oom_kill`` of ``memory.oom_control`` (``under_oom`` on kernels without it)."""
+        fields = dict(
+            line.split()
+            for line in (self.dirs["memory"] / "memory.oom_control").read_text().splitlines()
+            if line.strip()
+        )
+        if "oom_kill" in fields:
+            return int(fields["oom_kill"]) > 0
+        return int(fields.get("under_oom", "0")) > 0
+
+    def remove(self) -> None:
+        """Kill leftovers and remove the directory from every hierarchy."""
+        if not any(d.exists() for d in self._unique_dirs()):
+            return
+        self.kill()
+        for directory in self._unique_dirs():
+            remove_dir(directory)

@@ -1,0 +1,75 @@
+"""``host``: a bubblewrap sandbox with the host root read-only and only the workspace writable.
+
+New mount, pid, ipc, uts and net namespaces; the network namespace has only a loopback, so
+nothing outside is reachable. ``/tmp`` is a private tmpfs (gcc needs a scratch directory;
+writes there vanish with the sandbox and never reach the host).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from worker.modes.base import EnvContext, HostInfo, Preflight
+from worker.modes.native import python_version
+
+BWRAP = "bwrap"
+PROBE_TIMEOUT_S = 10.0
+NAMESPACE_FLAGS = ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net")
+
+
+def bwrap_argv(bwrap: str, workspace: str, payload: str) -> list[str]:
+    """The bubblewrap options of the host mode for ``workspace`` (everything before ``--``)."""
+    return [
+        bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+        "--ro-bind", payload, payload, "--bind", workspace, workspace,
+        *NAMESPACE_FLAGS, "--hostname", "sandbench", "--die-with-parent", "--new-session",
+        "--chdir", workspace,
+    ]  # fmt: skip
+
+
+class HostMode:
+    """A light host sandbox: bubblewrap around the same payload and toolset."""
+
+    name = "host"
+    staged = False
+
+    def preflight(self, host: HostInfo) -> Preflight:
+        """bubblewrap is installed and can create the namespaces here."""
+        bwrap = shutil.which(BWRAP)
+        if bwrap is None:
+            return Preflight(False, "bubblewrap is not installed (apt-get install bubblewrap)")
+        argv = [*bwrap_argv(bwrap, "/", "/"), "--", "/bin/true"]
+        try:
+            probe = subprocess.run(
+                argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return Preflight(False, f"bubblewrap probe failed: {exc}")
+        if probe.returncode != 0:
+            return Preflight(False, f"bubblewrap cannot create namespaces: {probe.stderr.strip()}")
+        version = subprocess.run(
+            [bwrap, "--version"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        return Preflight(True, facts={"bwrap": version, "python": python_version()})
+
+    def prepare(self, env: EnvContext) -> None:
+        """Nothing: bubblewrap builds the sandbox at launch (inside Ready, as in the study)."""
+
+    def launcher(self, env: EnvContext) -> list[str]:
+        """bwrap, then the payload rooted at the workspace (same path inside as outside)."""
+        bwrap = shutil.which(BWRAP) or BWRAP
+        workspace = str(env.workspace)
+        return [*bwrap_argv(bwrap, workspace, str(env.payload)), "--",
+                *env.payload_argv(workspace)]  # fmt: skip
+
+    def sync(self, env: EnvContext, round: int) -> None:
+        """Nothing: the workspace is the host's own directory."""
+
+    def result_root(self, env: EnvContext) -> Path:
+        """The workspace."""
+        return env.workspace
+
+    def cleanup(self, env: EnvContext) -> None:
+        """Nothing: the sandbox dies with its processes."""

@@ -1,0 +1,465 @@
+"""One environment, exactly as the measurement protocol defines it, turned into a record.
+
+prepare (not timed) -> marker -> Ready -> R rounds -> exit -> oracle -> cleanup. The runner
+owns the marker, the cgroup, the channel, the clocks, the limit, the kill and the
+classification; the mode only prepares, launches, syncs, names its result root and cleans up.
+
+A benchmark failure is a record, never an exception: ``run_environment`` raises only for bad
+input (unknown mode or workload) or a host that cannot run environments at all (no cgroups).
+When ``stop`` is set (Ctrl-C) it kills the environment, cleans up and returns ``None``: no
+record exists for that environment, so a resumed campaign runs it again from scratch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime as dt
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tasks.errors import SandbenchError
+from tasks.records import REASONS, EnvironmentRecord, EnvironmentSpec, OracleResult, RoundRecord
+from worker import quota as cgroups
+from worker.channel import (
+    Channel,
+    ChannelClosed,
+    ChannelError,
+    ChannelStopped,
+    ChannelTimeout,
+    Message,
+)
+from worker.modes import EnvContext, HostInfo, Mode, Preflight, get_mode
+from worker.modes.base import PAYLOAD_PYTHON
+from worker.procs import close_pipes, kill_process
+
+LAUNCH_FAILURE_CODES = (126, 127)  # the shell's "cannot execute" and "not found"
+ENOSPC_MARKERS = ("No space left on device", "ENOSPC", "[Errno 28]")
+STDERR_TAIL_BYTES = 1500
+EXIT_POLL_S = 0.05
+DIED_WAIT_S = 1.0  # after the channel closes, how long to wait for the exit status
+STDERR_FILE = "launcher.stderr"
+
+_PREFLIGHTS: dict[tuple[str, str], Preflight] = {}
+
+
+class Failed(Exception):
+    """The environment failed with ``reason`` (a key of ``REASONS``); internal to the runner."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+class Stopped(Exception):
+    """The caller's stop event was set; internal to the runner."""
+
+
+def run_environment(
+    spec: EnvironmentSpec, *, host: HostInfo | None = None, stop: threading.Event | None = None
+) -> EnvironmentRecord | None:
+    """Run one environment of ``spec`` and return its unsigned record (None if stopped)."""
+    from workloads.registry import get_workload
+
+    mode = get_mode(spec.mode, spec.mode_options)
+    workload = get_workload(spec.workload)
+    run = _Run(spec, mode, host or HostInfo(), stop)
+    try:
+        failure = run.execute(workload)
+    except Stopped:
+        return None
+    finally:
+        run.cleanup()
+    return run.record(failure)
+
+
+def preflight_of(mode: Mode, host: HostInfo, options: dict[str, Any]) -> Preflight:
+    """The mode's preflight on this host, computed once per process."""
+    key = (mode.name, repr(sorted(options.items())))
+    if key not in _PREFLIGHTS:
+        try:
+            _PREFLIGHTS[key] = mode.preflight(host)
+        except SandbenchError as exc:
+            _PREFLIGHTS[key] = Preflight(False, str(exc))
+    return _PREFLIGHTS[key]
+
+
+def utc_now() -> str:
+    """The current UTC time as ISO 8601 with a Z suffix, to the second."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class _Run:
+    """The state of one environment while it runs."""
+
+    def __init__(
+        self, spec: EnvironmentSpec, mode: Mode, host: HostInfo, stop: threading.Event | None
+    ) -> None:
+        self.spec, self.mode, self.host, self.stop = spec, mode, host, stop
+        self.work_root = Path(spec.work_root).resolve()
+        self.fields: dict[str, Any] = {"rounds": []}
+        self.cgroup: cgroups.Cgroup | None = None
+        self.env: EnvContext | None = None
+        self.base: Path | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.original: dict[str, Any] | None = None
+        self.prepared = False
+
+    # -- the protocol ---------------------------------------------------------------------
+    def execute(self, workload: Any) -> Failed | None:
+        """Prepare, launch, drive, check: the first failure (classified), or None if passed."""
+        self.fields["started_at"] = utc_now()
+        preflight = preflight_of(self.mode, self.host, self.spec.mode_options)
+        self.fields["provenance"] = self._provenance(preflight)
+        try:
+            self._check_stop()
+            self._prepare()
+            self._launch_and_drive()
+            self._account()
+            self._check_result(workload)
+        except Failed as failure:
+            self._account()
+            if failure.reason not in ("oracle-mismatch", "workspace-modified"):
+                self._check_original()
+            return self._classify(failure)
+        return None
+
+    def _prepare(self) -> None:
+        """Fresh workspace from the fixture, the cgroup, the mode's preparation, the snapshot."""
+        from workloads.fixtures import copy_fixture, ensure_fixture
+
+        spec = self.spec
+        name = cgroups.cgroup_name(spec.key())
+        self.base = self.work_root / "envs" / name
+        workspace, env_dir = self.base / "workspace", self.base / "env"
+        try:
+            env_dir.mkdir(parents=True)
+            fixtures = self.work_root / "fixtures"
+            fixture = ensure_fixture(spec.workload, spec.seed, spec.scale, fixtures)
+            copy_fixture(fixture, workspace)
+        except OSError as exc:
+            raise Failed(_os_reason(exc), f"preparing the workspace: {exc}") from exc
+        self.cgroup = cgroups.create(name, spec.quota)
+        self.env = EnvContext(spec, workspace, env_dir, self.cgroup.path)
+        try:
+            self.prepared = True
+            self.mode.prepare(self.env)
+        except Exception as exc:  # a mode's preparation failing is a startup failure
+            raise Failed(_os_reason(exc), f"mode preparation: {exc}") from exc
+        if self.mode.staged:
+            self.original = snapshot(workspace)
+
+    def _launch_and_drive(self) -> None:
+        """Marker, spawn, Ready, rounds, exit, all within the limit from the marker."""
+        assert self.env is not None and self.cgroup is not None
+        argv = self.mode.launcher(self.env)
+        preexec = self.cgroup.preexec()
+        with open(self.env.env_dir / STDERR_FILE, "wb") as stderr:
+            t0 = time.monotonic_ns()
+            try:
+                self.proc = subprocess.Popen(
+                    argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                    cwd=self.env.env_dir, preexec_fn=preexec, start_new_session=True, bufsize=0,
+                )  # fmt: skip
+            except OSError as exc:
+                raise Failed("launcher-error", f"cannot start {argv[0]}: {exc}") from exc
+            finally:
+                self.cgroup.close_preexec()
+        deadline = t0 + int(self.spec.limit_s * 1e9)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        channel = Channel(self.proc.stdin, self.proc.stdout, self.stop)
+        try:
+            ready = self._ready(channel, deadline)
+            self.fields["ready_ms"] = (ready.arrived_ns - t0) / 1e6
+            for k in range(1, self.spec.rounds + 1):
+                self._round(channel, k, deadline)
+            self._exit(channel, deadline)
+        except ChannelStopped as exc:
+            raise Stopped() from exc
+        finally:
+            channel.close()
+
+    def _ready(self, channel: Channel, deadline: int) -> Message:
+        """The payload's first line must be its ready line."""
+        try:
+            message = channel.receive(deadline)
+        except ChannelStopped:
+            raise
+        except ChannelError as exc:
+            detail = self._died(f"no ready line: {exc}", before_ready=True)
+            raise Failed("no-ready", detail) from exc
+        if message.op != "ready":
+            raise Failed("no-ready", f"first line is not the ready line: {message.body}")
+        return message
+
+    def _round(self, channel: Channel, k: int, deadline: int) -> None:
+        """One round: the clock runs from sending ``round k`` to the end of the mode's sync."""
+        assert self.env is not None
+        start = time.monotonic_ns()
+        try:
+            channel.send({"op": "round", "k": k})
+            message = channel.receive(deadline)
+        except ChannelStopped:
+            raise
+        except ChannelError as exc:
+            raise Failed(self._channel_reason(exc), self._died(f"round {k}: {exc}")) from exc
+        if message.op == "error":
+            raise Failed("round-error", f"round {k}: {message.body.get('message', message.body)}")
+        if message.op != "done" or message.body.get("k") != k:
+            raise Failed("round-error", f"round {k}: unexpected answer {message.body}")
+        try:
+            self.mode.sync(self.env, k)
+        except Exception as exc:  # the mode's synchronization is part of the round
+            raise Failed(_os_reason(exc, "round-error"), f"round {k} sync: {exc}") from exc
+        task_s = (time.monotonic_ns() - start) / 1e9
+        validated = message.body.get("validated") is True
+        digest = message.body.get("digest")
+        self.fields["rounds"].append(
+            RoundRecord(k=k, task_s=task_s, validated=validated, digest=_text(digest))
+        )
+        if not validated:
+            raise Failed("validation-failed", f"round {k}: the payload's check failed")
+        if time.monotonic_ns() > deadline:
+            raise Failed("timeout", f"limit of {self.spec.limit_s} s reached in round {k}")
+
+    def _exit(self, channel: Channel, deadline: int) -> None:
+        """Send exit; the launcher and its whole tree must be gone before the deadline."""
+        assert self.proc is not None and self.cgroup is not None
+        with contextlib.suppress(ChannelClosed):
+            channel.send({"op": "exit"})
+        code = self._wait_exit(deadline)
+        if code is None:
+            raise Failed("timeout", f"launcher still running at the limit of {self.spec.limit_s} s")
+        self.fields["exit_code"] = code
+        if not self.cgroup.wait_empty(deadline):
+            raise Failed("timeout", f"processes left at the limit of {self.spec.limit_s} s")
+        if code != 0:
+            raise Failed("nonzero-exit", f"launcher exited with status {code}{self._stderr()}")
+
+    def _wait_exit(self, deadline: int) -> int | None:
+        """The launcher's exit status, or None at the deadline (watching the stop event)."""
+        assert self.proc is not None
+        while True:
+            remaining = (deadline - time.monotonic_ns()) / 1e9
+            if remaining <= 0:
+                return None
+            try:
+                return self.proc.wait(timeout=min(remaining, EXIT_POLL_S))
+            except subprocess.TimeoutExpired:
+                self._check_stop()
+
+    # -- after the launcher --------------------------------------------------------------
+    def _account(self) -> None:
+        """Kill what is left, then read CPU time, peak memory and OOM kills from the cgroup."""
+        if self.proc is not None:
+            kill_process(self.proc, self.cgroup)
+            self.fields.setdefault("exit_code", self.proc.returncode)
+        if self.cgroup is not None:
+            self.fields["cpu_s"] = self.cgroup.cpu_seconds()
+            self.fields["peak_memory_bytes"] = self.cgroup.peak_memory()
+            self.fields["oom"] = self.cgroup.oom_killed()
+
+    def _check_result(self, workload: Any) -> None:
+        """The oracle on the result root, then (staged) the original workspace's integrity."""
+        assert self.env is not None
+        spec = self.spec
+        try:
+            from workloads.oracle import compare
+
+            model = workload.model(spec.seed, spec.scale, spec.rounds)
+            mismatches = list(compare(self.mode.result_root(self.env), model))
+        except Exception as exc:  # an oracle that cannot even look is a mismatch, with why
+            mismatches = [f"oracle could not compare: {exc}"]
+        self.fields["oracle"] = OracleResult(ok=not mismatches, mismatches=mismatches[:100])
+        self._check_original()
+        if mismatches:
+            raise Failed("oracle-mismatch", "; ".join(mismatches[:5]))
+        if self.fields.get("original_intact") is False:
+            raise Failed("workspace-modified", self.fields.pop("_modified"))
+
+    def _check_original(self) -> None:
+        """For staged modes: is the original workspace byte-identical to its snapshot?"""
+        if self.original is None or self.env is None:
+            return
+        changes = snapshot_diff(self.original, snapshot(self.env.workspace))
+        self.fields["original_intact"] = not changes
+        if changes:
+            self.fields["_modified"] = "original workspace changed: " + "; ".join(changes[:5])
+
+    def _classify(self, failure: Failed) -> Failed:
+        """The real cause: an OOM kill or a full disk outranks the symptom it produced."""
+        if self.fields.get("oom"):
+            return Failed("oom", f"OOM kill in the environment's cgroup ({failure.detail})")
+        text = failure.detail + self._stderr()
+        if failure.reason != "timeout" and any(m in text for m in ENOSPC_MARKERS):
+            return Failed("no-space", failure.detail)
+        return failure
+
+    def record(self, failure: Failed | None) -> EnvironmentRecord:
+        """The record of this environment."""
+        fields = {k: v for k, v in self.fields.items() if not k.startswith("_") and k != "oom"}
+        if failure is None:
+            fields.update(outcome="passed")
+        else:
+            assert failure.reason in REASONS
+            fields.update(outcome="failed", failure_class=REASONS[failure.reason])
+            fields.update(reason=failure.reason, detail=failure.detail[:2000])
+        return EnvironmentRecord.from_spec(self.spec, **fields)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _provenance(self, preflight: Preflight) -> dict[str, Any]:
+        """Per-environment facts: the mode's preflight, the cgroup version, the payload."""
+        return {
+            "preflight": {"ok": preflight.ok, "reason": preflight.reason, **preflight.facts},
+            "cgroup_version": cgroups.detect(),
+            "payload_python": PAYLOAD_PYTHON,
+            "quota": self.spec.quota.model_dump(),
+            "limit_s": self.spec.limit_s,
+        }
+
+    def _channel_reason(self, exc: ChannelError) -> str:
+        """The limit is a timeout; any other broken channel a round error (OOM, ENOSPC: later)."""
+        return "timeout" if isinstance(exc, ChannelTimeout) else "round-error"
+
+    def _died(self, what: str, before_ready: bool = False) -> str:
+        """Describe a payload that stopped talking: exit status and its stderr's tail."""
+        assert self.proc is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=DIED_WAIT_S)
+        code = self.proc.returncode
+        if code is not None:
+            self.fields["exit_code"] = code
+            what += f" (launcher exit status {code})"
+            if before_ready and code in LAUNCH_FAILURE_CODES:
+                raise Failed("launcher-error", what + self._stderr())
+        return what + self._stderr()
+
+    def _stderr(self) -> str:
+        """The tail of the launcher's stderr, for a failure's detail."""
+        if self.env is None:
+            return ""
+        path = self.env.env_dir / STDERR_FILE
+        with contextlib.suppress(OSError), open(path, "rb") as handle:
+            handle.seek(max(0, path.stat().st_size - STDERR_TAIL_BYTES))
+            tail = handle.read().decode(errors="replace").strip()
+            return f"; stderr: {tail}" if tail else ""
+        return ""
+
+    def _check_stop(self) -> None:
+        """Raise Stopped when the caller asked to stop."""
+        if self.stop is not None and self.stop.is_set():
+            raise Stopped()
+
+    def cleanup(self) -> None:
+        """Kill leftovers, let the mode clean up, remove the cgroup and the environment's files.
+
+        Problems are noted in the record's provenance (``cleanup``); a path outside the work
+        root is never deleted (that raises: it is a bug, not a benchmark result).
+        """
+        problems: list[str] = []
+        if self.proc is not None:
+            kill_process(self.proc, self.cgroup)
+            close_pipes(self.proc)
+        if self.prepared and self.env is not None:
+            try:
+                self.mode.cleanup(self.env)
+            except Exception as exc:  # go on: the cgroup and files must still be removed
+                problems.append(f"mode cleanup: {exc}")
+        if self.cgroup is not None:
+            try:
+                self.cgroup.remove()
+            except SandbenchError as exc:
+                problems.append(str(exc))
+        if self.base is not None:
+            problems.extend(remove_tree(self.base, self.work_root))
+        if problems:
+            self.fields.setdefault("provenance", {})["cleanup"] = problems
+
+
+def _os_reason(exc: BaseException, default: str = "launcher-error") -> str:
+    """no-space for a full disk, ``default`` otherwise."""
+    if isinstance(exc, OSError) and exc.errno == 28 or any(m in str(exc) for m in ENOSPC_MARKERS):
+        return "no-space"
+    return default
+
+
+def _text(value: Any) -> str | None:
+    """A digest as text (None stays None)."""
+    return None if value is None else str(value)
+
+
+# -- the workspace on the host: snapshot (staged modes) and guarded removal ----------------------
+HASH_CHUNK = 1 << 20
+MNT_DETACH = 2
+
+
+Snapshot = dict[str, tuple[Any, ...]]
+
+
+def snapshot(root: Path) -> Snapshot:
+    """Every entry under ``root``: kind, permission bits and, for files, size and SHA-256."""
+    entries: Snapshot = {}
+    for directory, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(directory, name)
+            info = path.lstat()
+            rel = str(path.relative_to(root))
+            if stat.S_ISLNK(info.st_mode):
+                entries[rel] = ("link", os.readlink(path))
+            elif stat.S_ISREG(info.st_mode):
+                entries[rel] = ("file", info.st_mode, info.st_size, _sha256(path))
+            else:
+                entries[rel] = ("other", info.st_mode)
+    return entries
+
+
+def snapshot_diff(before: Snapshot, after: Snapshot) -> list[str]:
+    """What changed between two snapshots, one line per path."""
+    changes = [f"missing {p}" for p in sorted(before.keys() - after.keys())]
+    changes += [f"extra {p}" for p in sorted(after.keys() - before.keys())]
+    both = sorted(before.keys() & after.keys())
+    changes += [f"changed {p}" for p in both if before[p] != after[p]]
+    return changes
+
+
+def _sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def remove_tree(path: Path, work_root: Path) -> list[str]:
+    """Delete ``path`` (unmounting anything below it first) only if it is inside ``work_root``."""
+    path, work_root = path.absolute(), work_root.resolve()
+    if path.resolve() == work_root or work_root not in path.resolve().parents:
+        raise SandbenchError(f"refusing to delete {path}: not inside the work root {work_root}")
+    problems = [f"unmount {m}: errno {e}" for m, e in _unmount_below(path.resolve()) if e]
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        problems.append(f"could not remove {path}")
+    return problems
+
+
+def _unmount_below(path: Path) -> list[tuple[str, int]]:
+    """Detach every mount at or below ``path`` (deepest first); (mount point, errno) each."""
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].encode().decode("unicode_escape")
+        if point == str(path) or point.startswith(str(path) + "/"):
+            points.append(point)
+    libc = ctypes.CDLL(None, use_errno=True)
+    results = []
+    for point in sorted(points, key=len, reverse=True):
+        failed = libc.umount2(point.encode(), MNT_DETACH) != 0
+        results.append((point, ctypes.get_errno() if failed else 0))
+    return results
