@@ -17,13 +17,13 @@ from coordinator.fleet import ACTIVE_CAMPAIGNS_KEY, FINALIZED_KEY, host_progress
 from coordinator.store import Store
 from tasks.app import host_queue
 from tasks.errors import FleetError, StoreError
-from tasks.fleet import TASK_RUN, describe, redis_client
+from tasks.fleet import DEFAULT_WORK_ROOT, TASK_RUN, describe, redis_client
 from tasks.records import EnvironmentSpec
 
 
 def with_task_ids(specs: list[EnvironmentSpec]) -> list[EnvironmentSpec]:
     """``specs`` each with a fresh task id (the key to find and rerun it later)."""
-    return [s.model_copy(update={"task_id": str(uuid.uuid4())}) for s in specs]
+    return [s.model_copy(update={"task_id": uuid.uuid4().hex}) for s in specs]
 
 
 def by_host(specs: list[EnvironmentSpec]) -> dict[str, list[EnvironmentSpec]]:
@@ -65,7 +65,8 @@ def dispatch_specs(
     """Store a campaign of ``specs`` (task ids assigned here) and queue it; the campaign id."""
     if not specs:
         raise FleetError("the plan expands to no environments; nothing to dispatch")
-    specs = with_task_ids(specs)
+    if any(s.task_id is None for s in specs):
+        specs = with_task_ids(specs)
     campaign = store.create_campaign(plan_text, plan, specs)
     watch_campaign(app, campaign)
     send_specs(app, specs)
@@ -76,9 +77,11 @@ def dispatch_plan(
     app: Celery, store: Store, plan_path: Path, hosts: list[str], work_root: str | None = None
 ) -> str:
     """Expand the plan at ``plan_path`` for ``hosts`` (seeded order per host) and queue it."""
-    from coordinator.campaign import expand_for_hosts
+    from coordinator.campaign import expand, new_campaign_id
+    from coordinator.plan import load_plan
 
-    plan_text, plan, specs = expand_for_hosts(plan_path, hosts, work_root=work_root)
+    plan_text, plan = load_plan(plan_path)
+    specs = expand(plan, hosts, new_campaign_id(), work_root or DEFAULT_WORK_ROOT)
     return dispatch_specs(app, store, plan_text, plan, specs)
 
 

@@ -16,6 +16,7 @@ APT_PACKAGES=(
   docker.io                                  # docker mode (sandbench starts a private dockerd)
   qemu-system-x86 busybox-static cpio        # VM modes and their initramfs
   chromium                                   # report screenshot test (headless)
+  docker-compose                             # validates docker-compose.yml (`docker-compose config`)
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

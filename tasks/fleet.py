@@ -137,11 +137,13 @@ def not_run_record(spec: EnvironmentSpec) -> EnvironmentRecord:
 
 def run_locally(spec: EnvironmentSpec, host: str, work_root: Path) -> EnvironmentRecord:
     """Run ``spec`` on this host with the plain runner (the transport-free part)."""
+    from worker.modes.base import HostInfo
     from worker.runner import run_environment
 
-    from worker.modes.base import HostInfo
-
-    return run_environment(spec, host=HostInfo(name=host, work_root=work_root))
+    record = run_environment(spec, host=HostInfo(name=host, work_root=work_root))
+    if record is None:
+        raise FleetError(f"environment {spec.key()} was stopped before it finished")
+    return record
 
 
 def sign(record: EnvironmentRecord) -> EnvironmentRecord:

@@ -1,0 +1,325 @@
+"""Real parts for fleet tests: a private redis-server, network namespaces, worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import redis
+
+from tasks.signing import HostKey
+
+PYTHON = sys.executable
+REPO = Path(__file__).resolve().parents[1]
+REDIS_PASSWORD = "fleet-test-secret"
+# Short delivery clocks so fault tests finish in seconds (production: 900 s and 10 s).
+VISIBILITY_TIMEOUT_S = 6
+RESTORE_INTERVAL_S = 1
+LOST_GRACE_S = 4
+STOP_TIMEOUT_S = 15
+# Addresses of the veth pairs: 198.18.0.0/15 is reserved for network benchmark tests (RFC 2544).
+NETNS_SUBNET = "198.18.{index}.{host}"
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_until(check: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:
+    """Poll ``check`` until it returns something true; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+class RedisServer:
+    """A redis-server on a free port in a private directory, append-only, with a password."""
+
+    def __init__(self, directory: Path, binds: list[str] | None = None) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.binds = ["127.0.0.1", *(binds or [])]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, address: str = "127.0.0.1") -> str:
+        """Broker URL of this server as reached at ``address``."""
+        return f"redis://:{REDIS_PASSWORD}@{address}:{self.port}/0"
+
+    def start(self) -> None:
+        """Start the server and wait until it answers PING."""
+        argv = ["redis-server", "--port", str(self.port), "--bind", *self.binds,
+                "--dir", str(self.dir), "--appendonly", "yes", "--appendfsync", "always",
+                "--save", "", "--requirepass", REDIS_PASSWORD, "--protected-mode", "no",
+                "--logfile", str(self.dir / "redis.log")]  # fmt: skip
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, password=REDIS_PASSWORD, socket_timeout=2)
+        try:
+            wait_until(lambda: self._pings(client), 20, "redis-server to answer PING")
+        finally:
+            client.close()
+
+    def _pings(self, client: redis.Redis) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            log = (self.dir / "redis.log").read_text()[-2000:]
+            raise AssertionError(f"redis-server exited: {log}")
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the server (SIGKILL simulates a crash; the append-only file survives)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(STOP_TIMEOUT_S)
+        self.proc = None
+
+    def restart(self, down_s: float = 1.0) -> None:
+        """Kill the server, stay down ``down_s`` seconds, start it again from its AOF."""
+        self.stop(signal.SIGKILL)
+        time.sleep(down_s)
+        self.start()
+
+    def client(self) -> redis.Redis:
+        """A client of this server (close it when done)."""
+        return redis.Redis(port=self.port, password=REDIS_PASSWORD, decode_responses=True)
+
+
+@dataclass
+class NetNs:
+    """A network namespace joined to the root namespace by a veth pair."""
+
+    name: str
+    index: int
+
+    @property
+    def host_address(self) -> str:
+        """The root namespace's end of the veth pair (where Redis listens)."""
+        return NETNS_SUBNET.format(index=self.index, host=1)
+
+    @property
+    def ns_address(self) -> str:
+        """The namespace's own address."""
+        return NETNS_SUBNET.format(index=self.index, host=2)
+
+    def _ip(self, *args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    def create(self) -> None:
+        """Create the namespace, the veth pair and both addresses."""
+        self.delete()
+        outer, inner = f"sbv{self.index}h", f"sbv{self.index}n"
+        self._ip("netns", "add", self.name)
+        self._ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+        self._ip("link", "set", inner, "netns", self.name)
+        self._ip("addr", "add", f"{self.host_address}/30", "dev", outer)
+        self._ip("link", "set", outer, "up")
+        self._ip("-n", self.name, "addr", "add", f"{self.ns_address}/30", "dev", inner)
+        self._ip("-n", self.name, "link", "set", inner, "up")
+        self._ip("-n", self.name, "link", "set", "lo", "up")
+
+    def delete(self) -> None:
+        """Remove the namespace (its veth pair goes with it)."""
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+        subprocess.run(["ip", "link", "del", f"sbv{self.index}h"], capture_output=True)
+
+
+class Proc:
+    """A fleet process in its own session, logging to a file; killed with its whole group."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.argv, self.log = argv, log
+        with open(log, "ab") as out:
+            self.popen = subprocess.Popen(
+                argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=REPO,
+            )  # fmt: skip
+
+    def alive(self) -> bool:
+        """Whether the process is still running."""
+        return self.popen.poll() is None
+
+    def kill9(self) -> None:
+        """SIGKILL the process and every child it started."""
+        self._signal_group(signal.SIGKILL)
+        self.popen.wait(STOP_TIMEOUT_S)
+
+    def stop(self) -> None:
+        """SIGTERM the group, then SIGKILL what is left; reaps the process."""
+        self._signal_group(signal.SIGTERM)
+        try:
+            self.popen.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        self._signal_group(signal.SIGKILL)
+        self.popen.wait(STOP_TIMEOUT_S)
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def text(self) -> str:
+        """Everything the process logged so far."""
+        return self.log.read_text(errors="replace")
+
+
+@dataclass
+class LabHost:
+    """One lab host of a test fleet: its name, key home and work root."""
+
+    name: str
+    home: Path
+    work_root: Path
+    netns: NetNs | None = None
+    key: HostKey = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.work_root.mkdir(parents=True, exist_ok=True)
+        self.key = HostKey.load_or_create(self.home / "host.key", name=self.name)
+
+
+class Fleet:
+    """A test fleet: redis-server, coordinator home and data, lab hosts and their workers."""
+
+    def __init__(self, root: Path, host_names: list[str], netns_prefix: str | None = None):
+        self.root = root
+        self.data = root / "data"
+        self.coordinator_home = root / "coordinator-home"
+        self.logs = root / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.hosts: dict[str, LabHost] = {}
+        for i, name in enumerate(host_names, start=1):
+            ns = NetNs(f"{netns_prefix}-{name}", 200 + i) if netns_prefix else None
+            self.hosts[name] = LabHost(name, root / f"home-{name}", root / f"work-{name}", ns)
+        for host in self.hosts.values():
+            if host.netns:
+                host.netns.create()
+        binds = [h.netns.host_address for h in self.hosts.values() if h.netns]
+        self.redis = RedisServer(root / "redis", binds)
+        self.procs: list[Proc] = []
+        self.workers: dict[str, Proc] = {}
+        self.coordinator: Proc | None = None
+
+    def register_hosts(self, names: list[str] | None = None) -> None:
+        """Trust the named hosts' keys in the coordinator's registry (all hosts by default)."""
+        from coordinator.registry import HostRegistry
+
+        registry = HostRegistry(self.coordinator_home / "hosts.json")
+        for name in names or list(self.hosts):
+            registry.add(name, self.hosts[name].key.public_b64())
+
+    def env(self, home: Path, broker: str) -> dict[str, str]:
+        """Environment of one fleet process."""
+        env = dict(os.environ)
+        env.update(
+            SANDBENCH_HOME=str(home), SANDBENCH_BROKER=broker, PYTHONUNBUFFERED="1",
+            SANDBENCH_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT_S),
+            SANDBENCH_RESTORE_INTERVAL=str(RESTORE_INTERVAL_S),
+            SANDBENCH_LOST_GRACE=str(LOST_GRACE_S),
+        )  # fmt: skip
+        return env
+
+    def _spawn(self, argv: list[str], env: dict[str, str], log_name: str) -> Proc:
+        proc = Proc(argv, env, self.logs / f"{log_name}.log")
+        self.procs.append(proc)
+        return proc
+
+    def start_worker(self, name: str) -> Proc:
+        """Start host ``name``'s worker (inside its namespace when it has one)."""
+        host = self.hosts[name]
+        address = host.netns.host_address if host.netns else "127.0.0.1"
+        argv = [PYTHON, "-m", "coordinator", "worker", "--host", name,
+                "--work-root", str(host.work_root), "--loglevel", "INFO"]  # fmt: skip
+        if host.netns:
+            argv = ["ip", "netns", "exec", host.netns.name, *argv]
+        proc = self._spawn(argv, self.env(host.home, self.redis.url(address)), f"worker-{name}")
+        self.workers[name] = proc
+        wait_until(lambda: " ready." in proc.text() or not proc.alive(), 60, f"{name} ready")
+        assert proc.alive(), proc.text()
+        return proc
+
+    def start_coordinator(self) -> Proc:
+        """Start the coordinator on queue ``coordinator`` next to the store."""
+        argv = [PYTHON, "-m", "coordinator", "coordinator", "--data", str(self.data)]
+        proc = self._spawn(argv, self.env(self.coordinator_home, self.redis.url()), "coordinator")
+        self.coordinator = proc
+        wait_until(lambda: " ready." in proc.text() or not proc.alive(), 60, "coordinator ready")
+        assert proc.alive(), proc.text()
+        return proc
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run ``sandbench ARGS`` as the operator would, against this fleet."""
+        env = self.env(self.coordinator_home, self.redis.url())
+        return subprocess.run(
+            [PYTHON, "-m", "coordinator", *args], env=env, cwd=REPO, text=True,
+            capture_output=True, timeout=timeout,
+        )  # fmt: skip
+
+    def logs_text(self) -> str:
+        """Every process log, for assertion messages."""
+        return "\n".join(f"--- {p.log.name}\n{p.text()[-3000:]}" for p in self.procs)
+
+    def close(self) -> None:
+        """Stop every process, the redis-server and the namespaces."""
+        for proc in self.procs:
+            proc.stop()
+        self.redis.stop()
+        for host in self.hosts.values():
+            if host.netns:
+                host.netns.delete()
+
+
+def write_plan(path: Path, **fields: Any) -> Path:
+    """A small TOML plan at ``path`` (native publish at tiny scale unless overridden)."""
+    plan: dict[str, Any] = {
+        "name": "fleet-test", "seed": 7, "environments": 2, "rounds": 2, "limit_s": 30,
+        "scale": 0.02, "workloads": ["publish", "seq-write"], "modes": ["native"],
+        "quota": {"cpus": "0,1", "cpu_quota": 2.0, "memory": "1GiB", "swap": "0"},
+    }  # fmt: skip
+    plan.update(fields)
+    lines = []
+    tables = {k: v for k, v in plan.items() if isinstance(v, dict)}
+    for key, value in plan.items():
+        if key not in tables:
+            lines.append(f"{key} = {_toml(value)}")
+    for key, table in tables.items():
+        lines.append(f"[{key}]")
+        lines += [f"{k} = {_toml(v)}" for k, v in table.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _toml(value: Any) -> str:
+    """A TOML literal for the simple values plans use."""
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value)
