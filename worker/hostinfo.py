@@ -1,0 +1,118 @@
+"""Facts about this host: CPU, memory, kernel, work root filesystem, cgroup version, tools."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+# Tools every mode relies on, and the flag that prints their version (first line is kept).
+TOOLS: dict[str, list[str]] = {
+    "python3": ["/usr/bin/python3", "--version"],
+    "git": ["git", "--version"],
+    "gcc": ["gcc", "--version"],
+    "make": ["make", "--version"],
+    "bwrap": ["bwrap", "--version"],
+    "docker": ["docker", "--version"],
+    "dockerd": ["dockerd", "--version"],
+    "qemu": ["qemu-system-x86_64", "--version"],
+}
+TOOL_TIMEOUT_S = 10
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def memory_bytes() -> int:
+    """Total memory of the host in bytes."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def filesystem_of(path: Path) -> dict[str, str]:
+    """Mount point, filesystem type and source of the mount holding ``path``."""
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    target = os.path.realpath(path)
+    best = {"mount_point": "/", "type": "unknown", "source": "unknown"}
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        mount_point = left.split()[4].replace("\\040", " ")
+        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(best["mount_point"]):
+            fstype, source = (right.split() + ["", ""])[:2]
+            best = {"mount_point": mount_point, "type": fstype, "source": source}
+    return best
+
+
+def cgroup_version() -> str:
+    """``v2`` (unified), ``v1`` or ``hybrid`` (v1 controllers plus an empty v2 tree)."""
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        return "v2"
+    if (CGROUP_ROOT / "unified" / "cgroup.controllers").exists():
+        return "hybrid (v1 controllers, empty v2 at /sys/fs/cgroup/unified)"
+    return "v1"
+
+
+def tool_version(argv: list[str]) -> str | None:
+    """First line of a tool's version output, or None when it is not installed."""
+    exe = shutil.which(argv[0]) or (
+        f"/usr/sbin/{argv[0]}" if Path(f"/usr/sbin/{argv[0]}").exists() else None
+    )
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, *argv[1:]], capture_output=True, text=True, timeout=TOOL_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (out.stdout or out.stderr).strip()
+    return text.splitlines()[0] if text else None
+
+
+def tool_versions() -> dict[str, str | None]:
+    """Version line of every tool in ``TOOLS`` (None when missing)."""
+    return {name: tool_version(argv) for name, argv in TOOLS.items()}
+
+
+def host_facts(work_root: Path) -> dict[str, Any]:
+    """Every hardware and system fact of this host that a result depends on."""
+    affinity = sorted(os.sched_getaffinity(0))
+    return {
+        "cpu_model": cpu_model(),
+        "cores": os.cpu_count(),
+        "cpu_affinity": ",".join(map(str, affinity)),
+        "memory_bytes": memory_bytes(),
+        "kernel": platform.release(),
+        "os": _os_release(),
+        "work_root": str(work_root),
+        "work_root_fs": filesystem_of(work_root),
+        "cgroup": cgroup_version(),
+        "tools": tool_versions(),
+    }
+
+
+def _os_release() -> str:
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip('"')
+    except OSError:
+        pass
+    return platform.platform()
