@@ -1,0 +1,72 @@
+"""Fixtures: built once per (workload, seed, scale) into a cache, copied into every workspace."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from tasks.errors import WorkloadError
+from workloads import oracle
+
+DEFAULT_CACHE = Path("/var/tmp/sandbench/fixtures")
+CACHE_ENV = "SANDBENCH_FIXTURE_CACHE"
+
+
+def default_cache() -> Path:
+    """The host's fixture cache (``$SANDBENCH_FIXTURE_CACHE`` or /var/tmp/sandbench/fixtures)."""
+    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
+
+
+def fixture_dirname(name: str, seed: int, scale: float) -> str:
+    """Cache directory name of a fixture: ``<name>-s<seed>-x<scale>``."""
+    return f"{name}-s{seed}-x{float(scale)!r}"
+
+
+def ensure_fixture(name: str, seed: int, scale: float, cache_root: Path) -> Path:
+    """The cached fixture, built first if absent (atomically: concurrent builders are safe)."""
+    from workloads.registry import get_workload
+
+    workload = get_workload(name)
+    target = cache_root / fixture_dirname(name, seed, scale)
+    if target.is_dir():
+        return target
+    cache_root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".build-{target.name}-", dir=cache_root))
+    try:
+        workload.build_fixture(scratch / "fixture", seed, scale)
+        try:
+            os.rename(scratch / "fixture", target)
+        except OSError:
+            if not target.is_dir():  # not a lost race: a real failure
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def copy_fixture(src: Path, dest: Path) -> None:
+    """Copy the fixture tree ``src`` to the new path ``dest``: symlinks, modes, times, holes."""
+    if dest.exists():
+        raise WorkloadError(f"copy_fixture: {dest} exists; give a fresh workspace path")
+    argv = ["cp", "-a", "--reflink=auto", "--sparse=always", "--", str(src), str(dest)]
+    r = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise WorkloadError(f"copy_fixture {src} -> {dest} failed: {r.stderr.strip()}")
+
+
+def tree_digest(root: Path, ignore: Iterable[str] = ()) -> str:
+    """SHA-256 over every entry's path, type, permission bits, size and content."""
+    h = hashlib.sha256()
+    files, _ = oracle.scan_tree(root, ignore)
+    for rel, st in oracle.walk(root, ignore):
+        kind = "d" if stat.S_ISDIR(st.st_mode) else "l" if stat.S_ISLNK(st.st_mode) else "f"
+        state = files.get(rel)
+        content = f"{state.size}:{state.sha256}" if state else ""
+        h.update(f"{rel}\0{kind}\0{stat.S_IMODE(st.st_mode):o}\0{content}\n".encode())
+    return h.hexdigest()

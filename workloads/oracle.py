@@ -1,0 +1,102 @@
+"""The host oracle: scan a directory and list every difference from a workload's model."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import stat
+from collections.abc import Iterable, Iterator
+from functools import lru_cache
+from pathlib import Path
+
+from workloads.base import FileState, Model
+
+HASH_CHUNK = 1 << 20
+# A file system's own bookkeeping at a mount root is never part of a workload's state.
+ALWAYS_IGNORED = ("lost+found",)
+
+
+def _ignored(rel: str, patterns: Iterable[str]) -> bool:
+    """Whether relative path ``rel`` matches one of the glob ``patterns``."""
+    return any(fnmatch.fnmatchcase(rel, pat) for pat in patterns)
+
+
+def _file_state(path: str, st: os.stat_result) -> FileState:
+    """Size and SHA-256 of a regular file, or of a symlink's target string."""
+    if stat.S_ISLNK(st.st_mode):
+        target = os.readlink(path).encode()
+        return FileState(len(target), hashlib.sha256(target).hexdigest())
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(HASH_CHUNK):
+            h.update(chunk)
+    return FileState(st.st_size, h.hexdigest())
+
+
+def walk(root: Path, ignore: Iterable[str] = ()) -> Iterator[tuple[str, os.stat_result]]:
+    """Every entry below ``root`` (relative path, lstat), sorted, skipping ignored subtrees."""
+    patterns = (*ALWAYS_IGNORED, *ignore)
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        with os.scandir(os.path.join(root, rel_dir)) as it:
+            entries = sorted(it, key=lambda e: e.name, reverse=True)
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            if _ignored(rel, patterns):
+                continue
+            st = entry.stat(follow_symlinks=False)
+            yield rel, st
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(rel)
+
+
+def scan_tree(root: Path, ignore: Iterable[str] = ()) -> tuple[dict[str, FileState], set[str]]:
+    """Files (path -> state) and directories below ``root``."""
+    files: dict[str, FileState] = {}
+    dirs: set[str] = set()
+    for rel, st in walk(root, ignore):
+        if stat.S_ISDIR(st.st_mode):
+            dirs.add(rel)
+        else:
+            files[rel] = _file_state(os.path.join(root, rel), st)
+    return files, dirs
+
+
+def scan(root: Path, ignore: Iterable[str] = ()) -> dict[str, FileState]:
+    """Every regular file and symlink below ``root``: relative path -> size and SHA-256."""
+    return scan_tree(root, ignore)[0]
+
+
+@lru_cache(maxsize=32)
+def _scan_cached(root: str, ignore: tuple[str, ...]) -> tuple[dict[str, FileState], frozenset[str]]:
+    files, dirs = scan_tree(Path(root), ignore)
+    return files, frozenset(dirs)
+
+
+def scan_cached(
+    root: Path, ignore: tuple[str, ...] = ()
+) -> tuple[dict[str, FileState], frozenset[str]]:
+    """``scan_tree`` of a fixture (immutable once built), cached per process."""
+    return _scan_cached(str(root), tuple(ignore))
+
+
+def compare(root: Path, model: Model) -> list[str]:
+    """One line per mismatch between ``root`` and ``model`` (missing, extra, size, hash)."""
+    files, dirs = scan_tree(root, model.ignore)
+    out: list[str] = []
+    for rel in sorted(set(model.files) | set(files)):
+        want, got = model.files.get(rel), files.get(rel)
+        if got is None:
+            out.append(f"missing: {rel}")
+        elif want is None:
+            out.append(f"extra: {rel}")
+        elif want.size != got.size:
+            out.append(f"size: {rel} expected {want.size} got {got.size}")
+        elif want.sha256 != got.sha256:
+            out.append(f"hash: {rel} expected {want.sha256[:16]} got {got.sha256[:16]}")
+    if model.dirs:
+        out += [f"missing: {d}/" for d in sorted(model.dirs - dirs - set(files))]
+        out += [f"extra: {d}/" for d in sorted(dirs - model.dirs - set(model.files))]
+    return out
