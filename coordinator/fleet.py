@@ -38,6 +38,7 @@ ACTIVE_CAMPAIGNS_KEY = "sandbench:campaigns"  # set of campaign ids still being 
 REJECTED_KEY = "sandbench:rejected:{campaign}"  # list of JSON {key, host, reason}
 STORED_AT_KEY = "sandbench:stored-at:{campaign}"  # hash env key -> wall time the store took it
 FINALIZED_KEY = "sandbench:finalized:{campaign}"  # hash host -> outcomes count at finalization
+FINALIZE_QUEUED_KEY = "sandbench:finalize-queued:{campaign}"  # hash host -> outcomes count
 SWEEP_INTERVAL_S = 2.0
 # A started environment whose worker stopped beating is recorded lost only after its message
 # had time to come back (visibility timeout) and run again; this is extra grace on top.
@@ -152,9 +153,14 @@ class Coordinator:
     def maybe_finalize(self, campaign: str, host: str) -> bool:
         """Queue ``finalize_host`` when the host is complete and not finalized as it stands."""
         progress = host_progress(self.store, campaign, host)
+        fingerprint = str(progress.outcomes())
         done = self.client.hget(FINALIZED_KEY.format(campaign=campaign), host)
-        if not progress.complete() or done == str(progress.outcomes()):
+        if not progress.complete() or done == fingerprint:
             return False
+        queued = self.client.hget(FINALIZE_QUEUED_KEY.format(campaign=campaign), host)
+        if queued == fingerprint:
+            return False
+        self.client.hset(FINALIZE_QUEUED_KEY.format(campaign=campaign), host, fingerprint)
         self.app.send_task(
             TASK_FINALIZE,
             args=[campaign, host],

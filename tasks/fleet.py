@@ -21,7 +21,7 @@ from redis.retry import Retry
 
 from tasks.app import COORDINATOR_QUEUE
 from tasks.errors import FleetError
-from tasks.records import NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec
+from tasks.records import NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec, failed_fields
 from tasks.signing import HostKey, default_key_path, sign_record
 
 log = logging.getLogger(__name__)
@@ -146,6 +146,16 @@ def run_locally(spec: EnvironmentSpec, host: str, work_root: Path) -> Environmen
     return record
 
 
+def run_guarded(spec: EnvironmentSpec, host: str, work_root: Path) -> EnvironmentRecord:
+    """``run_locally``, with a harness error turned into a failed record so the campaign goes on."""
+    try:
+        return run_locally(spec, host, work_root)
+    except Exception as exc:  # noqa: BLE001 -- any harness error must become data, not a lost run
+        log.exception("environment %s: harness error", spec.key())
+        detail = f"harness error on {host}: {type(exc).__name__}: {exc}"
+        return EnvironmentRecord.from_spec(spec, **failed_fields("launcher-error", detail))
+
+
 def sign(record: EnvironmentRecord) -> EnvironmentRecord:
     """``record`` signed with this host's key from ``$SANDBENCH_HOME/host.key``."""
     key = HostKey.load_or_create(default_key_path(), name=record.host)
@@ -168,7 +178,7 @@ def execute(client: redis.Redis, spec: EnvironmentSpec, sent_at: float | None) -
         if rule_applies(client, spec):
             record = not_run_record(spec)
         else:
-            record = run_locally(spec, host, work_root)
+            record = run_guarded(spec, host, work_root)
         ended = time.time()
         if record.outcome == "failed":
             mark_failed(client, spec)

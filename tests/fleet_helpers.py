@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -168,18 +169,14 @@ class Proc:
     def stop(self) -> None:
         """SIGTERM the group, then SIGKILL what is left; reaps the process."""
         self._signal_group(signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            pass
         self._signal_group(signal.SIGKILL)
         self.popen.wait(STOP_TIMEOUT_S)
 
     def _signal_group(self, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.popen.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def text(self) -> str:
         """Everything the process logged so far."""
@@ -253,8 +250,8 @@ class Fleet:
         address = host.netns.host_address if host.netns else "127.0.0.1"
         argv = [PYTHON, "-m", "coordinator", "worker", "--host", name,
                 "--work-root", str(host.work_root), "--loglevel", "INFO"]  # fmt: skip
-        if host.netns:
-            argv = ["ip", "netns", "exec", host.netns.name, *argv]
+        if host.netns:  # nsenter, not `ip netns exec`: that remounts /sys and hides cgroups
+            argv = ["nsenter", f"--net=/run/netns/{host.netns.name}", "--", *argv]
         proc = self._spawn(argv, self.env(host.home, self.redis.url(address)), f"worker-{name}")
         self.workers[name] = proc
         wait_until(lambda: " ready." in proc.text() or not proc.alive(), 60, f"{name} ready")

@@ -1,0 +1,148 @@
+"""The fleet against a real redis-server and real worker processes: dispatch, order, records."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.store import Store
+from tasks.app import create_app
+from tasks.fleet import TASK_STORE
+from tasks.records import EnvironmentRecord
+from tasks.signing import HostKey, sign_record
+from tests.conftest import require, require_binary
+from tests.fleet_helpers import Fleet, wait_until, write_plan
+
+pytestmark = pytest.mark.fleet
+
+CAMPAIGN_BOUND_S = 240  # a whole small campaign, dispatch to last finalization
+
+
+@pytest.fixture
+def make_fleet(tmp_path: Path) -> Iterator[Any]:
+    """Factory of test fleets (redis-server, workers, coordinator), all stopped afterwards."""
+    require_binary("redis-server")
+    fleets: list[Fleet] = []
+
+    def make(hosts: list[str], netns: bool = False) -> Fleet:
+        if netns:
+            require(os.geteuid() == 0 and bool(require_binary("ip")), "root for ip netns")
+        prefix = f"sbt{os.getpid() % 10000}" if netns else None
+        fleet = Fleet(tmp_path / f"fleet{len(fleets)}", hosts, prefix)
+        fleets.append(fleet)
+        fleet.redis.start()
+        return fleet
+
+    yield make
+    for fleet in fleets:
+        fleet.close()
+
+
+def dispatch(fleet: Fleet, plan: Path, hosts: str) -> str:
+    """Run ``sandbench dispatch`` and return the campaign id from its last line."""
+    out = fleet.cli("dispatch", str(plan), "--hosts", hosts, "--data", str(fleet.data))
+    assert out.returncode == 0, out.stderr
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith("campaign: "), out.stdout
+    return last.split(": ", 1)[1]
+
+
+def status(fleet: Fleet, campaign: str) -> dict[str, Any]:
+    """``sandbench status ID --json`` as a dict."""
+    out = fleet.cli("status", campaign, "--json", "--data", str(fleet.data))
+    assert out.returncode == 0, out.stderr
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def wait_finished(fleet: Fleet, campaign: str, timeout: float = CAMPAIGN_BOUND_S) -> dict[str, Any]:
+    """Wait until every host of ``campaign`` is finalized; its final status."""
+    try:
+        wait_until(lambda: status(fleet, campaign)["finished"], timeout, "every host finalized", 1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{status(fleet, campaign)}\n{fleet.logs_text()}") from None
+    return status(fleet, campaign)
+
+
+def records_of(fleet: Fleet, campaign: str, host: str) -> list[EnvironmentRecord]:
+    """Stored records of one host."""
+    return Store(fleet.data).records(campaign, host)
+
+
+def assert_each_once(fleet: Fleet, campaign: str, host: str) -> list[EnvironmentRecord]:
+    """Every planned environment of ``host`` has exactly one record, all from ``host``."""
+    planned = Store(fleet.data).load_campaign(campaign).host_specs(host)
+    records = records_of(fleet, campaign, host)
+    keys = [r.key() for r in records]
+    assert sorted(keys) == sorted(s.key() for s in planned), (keys, fleet.logs_text())
+    assert {r.host for r in records} == {host}
+    return records
+
+
+def test_two_hosts_in_namespaces_run_each_environment_once_in_order(make_fleet: Any) -> None:
+    """Two workers in their own network namespaces run every environment once, in order."""
+    fleet = make_fleet(["lab-a", "lab-b"], netns=True)
+    fleet.register_hosts()
+    for name in fleet.hosts:
+        fleet.start_worker(name)
+    fleet.start_coordinator()
+    plan = write_plan(fleet.root / "plan.toml", environments=2, rounds=1)
+    campaign = dispatch(fleet, plan, "lab-a,lab-b")
+    final = wait_finished(fleet, campaign)
+    for name, host in fleet.hosts.items():
+        assert host.netns is not None
+        assert f"@{host.netns.host_address}:" in fleet.workers[name].text()
+        records = assert_each_once(fleet, campaign, name)
+        records.sort(key=lambda r: r.fleet["runner_start"])
+        assert [r.order_index for r in records] == sorted(r.order_index for r in records)
+        for before, after in zip(records, records[1:], strict=False):
+            assert before.fleet["runner_end"] <= after.fleet["runner_start"], "overlap on a host"
+        assert all(r.outcome == "passed" for r in records), [r.reason for r in records]
+        with open(Store(fleet.data).host_dir(campaign, name) / "results.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert rows and {row["host"] for row in rows} == {name}
+    assert all(h["finalized"] for h in final["hosts"])
+
+
+def _forged(fleet: Fleet, campaign: str, host: str, index: int) -> dict[str, Any]:
+    """An unsigned passed record of ``host``'s ``index``-th planned environment."""
+    spec = Store(fleet.data).load_campaign(campaign).host_specs(host)[index]
+    return EnvironmentRecord.from_spec(spec, outcome="passed", ready_ms=12.5).to_json_dict()
+
+
+def test_forged_records_are_rejected_logged_and_counted_missing(make_fleet: Any) -> None:
+    """Wrong key, one changed byte and an unregistered host: each rejected, logged, not stored."""
+    fleet = make_fleet(["lab-a", "lab-b", "lab-c"])
+    fleet.register_hosts(["lab-a", "lab-b"])
+    fleet.start_coordinator()
+    plan = write_plan(fleet.root / "plan.toml", environments=1, rounds=1, workloads=["publish"])
+    campaign = dispatch(fleet, plan, "lab-b,lab-c")  # no worker: only forged records arrive
+    lab_a, lab_b, lab_c = (fleet.hosts[n].key for n in ("lab-a", "lab-b", "lab-c"))
+    impostor = HostKey("lab-b", lab_a.private)  # lab-a's key claiming to be lab-b
+    claimed = sign_record(EnvironmentRecord.model_validate(_forged(fleet, campaign, "lab-b", 0)),
+                          impostor).to_json_dict()  # fmt: skip
+    tampered = sign_record(EnvironmentRecord.model_validate(_forged(fleet, campaign, "lab-b", 0)),
+                           lab_b).to_json_dict()  # fmt: skip
+    tampered["ready_ms"] = 12.4  # one byte of the signed JSON changed
+    unknown = sign_record(EnvironmentRecord.model_validate(_forged(fleet, campaign, "lab-c", 0)),
+                          lab_c).to_json_dict()  # fmt: skip
+    app = create_app(fleet.redis.url())
+    try:
+        for record in (claimed, tampered, unknown):
+            app.send_task(TASK_STORE, args=[record], queue="coordinator")
+    finally:
+        app.close()
+    wait_until(lambda: status(fleet, campaign)["rejected"] == 3, 60, "three rejections")
+    final = status(fleet, campaign)
+    assert [h["left"] for h in final["hosts"]] == [h["planned"] for h in final["hosts"]]
+    assert records_of(fleet, campaign, "lab-b") == [] and records_of(fleet, campaign, "lab-c") == []
+    log = fleet.coordinator.text() if fleet.coordinator else ""
+    assert "not the registered key of 'lab-b'" in log
+    assert "bad signature" in log
+    assert "unknown host 'lab-c'" in log
