@@ -75,8 +75,8 @@ def describe(plan: Plan) -> list[str]:
         f"plan '{plan.name}': cohort {plan.cohort}, seed {plan.seed}, "
         f"{plan.environments} environments x {plan.rounds} rounds per cell, "
         f"scale {plan.scale:g}, limit {plan.limit_s:g} s",
-        f"quota: cpus {q.cpus}, {q.cpu_quota:g} cores, memory {_size(int(q.memory))}, "
-        f"swap {_size(int(q.swap))}; VM guest {plan.vm.vcpus} vCPU / {plan.vm.memory_mib} MiB",
+        f"quota: cpus {q.cpus}, {q.cpu_quota:g} cores, memory {_size(q.memory)}, "
+        f"swap {_size(q.swap)}; VM guest {plan.vm.vcpus} vCPU / {plan.vm.memory_mib} MiB",
     ]
     per_mode = Counter(entry.name for entry, _ in plan.cells())
     by_count: dict[int, list[str]] = {}
@@ -84,9 +84,12 @@ def describe(plan: Plan) -> list[str]:
         by_count.setdefault(per_mode[entry.name], []).append(entry.name)
     terms = []
     for count, modes in by_count.items():
-        terms.append(f"{count} workloads x {len(modes)} modes x {plan.environments} environments")
+        terms.append(
+            f"{_n(count, 'workload')} x {_n(len(modes), 'mode')} x "
+            f"{_n(plan.environments, 'environment')}"
+        )
         kind = ", ".join(_mode_label(plan, m) for m in modes)
-        lines.append(f"  {count:>2} workloads each: {kind}")
+        lines.append(f"  {_n(count, 'workload'):>12} each: {kind}")
     total = sum(per_mode.values()) * plan.environments
     lines.append(f"expansion per host: {' + '.join(terms)} = {total} environments")
     if len(by_count) > 1:
@@ -98,10 +101,15 @@ def describe(plan: Plan) -> list[str]:
 def _mode_label(plan: Plan, name: str) -> str:
     entry = next(e for e in plan.mode_entries() if e.name == name)
     if entry.template is not None:
-        return f"{name} (command: {' '.join(entry.template)})"
+        template = entry.template if isinstance(entry.template, str) else " ".join(entry.template)
+        return f"{name} (command: {template})"
     if entry.workloads is not None:
         return f"{name} ({', '.join(entry.workloads)})"
     return name
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def _size(n: int) -> str:

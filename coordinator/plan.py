@@ -64,10 +64,10 @@ class QuotaPlan(BaseModel):
 
     cpus: str = "0,1"
     cpu_quota: float = Field(2.0, gt=0)
-    memory: int | str = "2GiB"
-    swap: int | str = "0"
+    memory: int = Field(2 * 1024**3, gt=0)  # bytes; "2GiB" and the like are accepted
+    swap: int = Field(0, ge=0)
 
-    @field_validator("memory", "swap")
+    @field_validator("memory", "swap", mode="before")
     @classmethod
     def _size(cls, value: int | str) -> int:
         return parse_size(value)
@@ -76,7 +76,7 @@ class QuotaPlan(BaseModel):
         """The quota as the runner takes it."""
         return Quota(
             cpus=self.cpus, cpu_quota=self.cpu_quota,
-            memory_bytes=int(self.memory), swap_bytes=int(self.swap),
+            memory_bytes=self.memory, swap_bytes=self.swap,
         )  # fmt: skip
 
 
@@ -86,8 +86,13 @@ class ModeEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1)
-    template: list[str] | None = None  # command mode: argv with {payload_argv}, {workspace}, ...
+    template: list[str] | str | None = None  # command mode: argv (or shell string), placeholders
     staged: bool = False  # command mode only: works on a copy
+    root: str | None = None  # command mode: the workspace path as the payload sees it
+    result_root: str | None = None  # command mode: where the oracle looks
+    prepare: list[str] | str | None = None  # command mode helpers, each must exit 0
+    sync: list[str] | str | None = None
+    cleanup: list[str] | str | None = None
     workloads: list[str] | None = None  # subset for this mode (names or groups); None = plan's
     options: dict[str, Any] = Field(default_factory=dict)
 
@@ -95,7 +100,10 @@ class ModeEntry(BaseModel):
         """What the runner's ``get_mode(name, options)`` receives."""
         opts = dict(self.options)
         if self.template is not None:
-            opts.update(template=list(self.template), staged=self.staged)
+            opts.update(template=self.template, staged=self.staged)
+            for name in ("root", "result_root", "prepare", "sync", "cleanup"):
+                if getattr(self, name) is not None:
+                    opts[name] = getattr(self, name)
         return opts
 
 
@@ -191,7 +199,7 @@ def _location(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part not in ("str", "ModeEntry", "int", "function-after[_size(), union[int,str]]"):
+        elif part not in ("str", "ModeEntry", "int"):
             out += f".{part}" if out else str(part)
     return out
 

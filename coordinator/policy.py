@@ -7,11 +7,21 @@ with reason ``first-failure-rule``. Each attempt of a cell (a fleet rerun) is ju
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
+
+from tasks.errors import HostKeyError, RecordRejected
 from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec
+from tasks.signing import verify_record
+
+if TYPE_CHECKING:
+    from coordinator.registry import HostRegistry
+    from coordinator.store import Store
 
 CellAttempt = tuple[str, str, str, int]  # host, mode, workload, attempt
 
@@ -118,3 +128,46 @@ def derive(
     for specs in cells.values():
         out += _check_cell(specs, by_key)
     return out
+
+
+# --- verify: signatures and the rule, from the raw records ---------------------------------------
+IDENTITY_RE = {
+    name: re.compile(rf'"{name}":\s*("?)([^",}}]*)\1')
+    for name in ("campaign", "host", "mode", "workload", "env_index", "attempt")
+}
+
+
+def _identity(text: str) -> str:
+    """Best-effort environment key of a record line that no longer parses."""
+    parts = []
+    for rx in IDENTITY_RE.values():
+        m = rx.search(text)
+        parts.append(m.group(2) if m else "?")
+    return "/".join(parts)
+
+
+def verify_campaign(store: Store, campaign_id: str, registry: HostRegistry) -> list[str]:
+    """Every problem of a stored campaign: bad or foreign signatures, broken lines, rule breaks."""
+    campaign = store.load_campaign(campaign_id)
+    problems: list[str] = []
+    good: list[EnvironmentRecord] = []
+    for raw in store.raw_lines(campaign_id):
+        where = f"hosts/{raw.host}/records.jsonl line {raw.lineno}"
+        try:
+            record = EnvironmentRecord.model_validate_json(raw.text)
+        except ValidationError:
+            problems.append(
+                f"{_identity(raw.text)}: {where}: not a valid record (changed or truncated)"
+            )
+            continue
+        try:
+            verify_record(record, registry, campaign=campaign_id)
+        except (RecordRejected, HostKeyError) as exc:
+            problems.append(f"{exc} ({where})")
+            continue
+        if record.host != raw.host:
+            problems.append(f"{record.key()}: stored under host '{raw.host}' ({where})")
+            continue
+        good.append(record)
+    problems += [str(v) for v in derive(good, campaign.specs)]
+    return problems

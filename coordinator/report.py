@@ -255,7 +255,9 @@ def _mode_text(m: str | dict[str, Any]) -> str:
         return m
     text = str(m["name"])
     text += f" (workloads: {', '.join(m['workloads'])})" if m.get("workloads") else ""
-    return text + (f" (command: {' '.join(m['template'])})" if m.get("template") else "")
+    template = m.get("template")
+    template = template if isinstance(template, str) else " ".join(template or [])
+    return text + (f" (command: {template})" if template else "")
 
 
 def _config_lines(plan: dict[str, Any]) -> list[str]:

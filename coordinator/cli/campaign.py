@@ -1,0 +1,229 @@
+"""``sandbench run``, ``report``, ``verify`` and ``plan show``: campaigns on this machine."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from coordinator.analysis import Analysis, HostTables
+from coordinator.campaign import describe
+from coordinator.local import DEFAULT_WORK_ROOT, run_campaign, summary_line
+from coordinator.plan import PRESETS, Plan, load_plan, preset
+from coordinator.policy import verify_campaign
+from coordinator.registry import HostRegistry
+from coordinator.report import write_report
+from coordinator.store import Store
+from tasks.errors import PlanError
+from tasks.signing import HostKey
+
+EXIT_CHECK_FAILED = 1
+EXIT_INTERRUPTED = 130
+DATA_OPTION = click.option(
+    "--data", "data_dir", type=click.Path(path_type=Path), default=Path(".data"), show_default=True,
+    help="Campaign store directory.",
+)  # fmt: skip
+REGISTRY_OPTION = click.option(
+    "--registry", "registry_path", type=click.Path(path_type=Path), default=None,
+    help="Trusted host registry (default $SANDBENCH_HOME/hosts.json).",
+)  # fmt: skip
+
+
+def _plan_from(plan_path: Path | None, preset_name: str | None) -> tuple[str, Plan]:
+    if (plan_path is None) == (preset_name is None):
+        raise PlanError("give a plan file or --preset smoke|full (one of them)")
+    return preset(preset_name) if preset_name else load_plan(plan_path)  # type: ignore[arg-type]
+
+
+@contextmanager
+def _stop_on_signals(stop: threading.Event, console: Console) -> Iterator[None]:
+    """First Ctrl-C (or SIGTERM): finish cleaning up the running environment, then stop."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        console.print(
+            "[yellow]stopping: cleaning up the running environment (Ctrl-C again to abort)"
+        )
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _value(v: float, digits: int = 4) -> str:
+    return "—" if v is None or math.isnan(v) else f"{v:.{digits}g}"
+
+
+def tables_for(t: HostTables) -> list[Table | str]:
+    """The main tables of one host, as rich renderables: task time, startup, coverage."""
+    modes = list(dict.fromkeys(t.cells["mode"]))
+    table = Table(title=f"host {t.host}, cohort {t.cohort}: median environment task time (s)")
+    table.add_column("workload")
+    for m in modes:
+        table.add_column(m, justify="right")
+    notes: list[str] = []
+    by_key = {(r.mode, r.workload): r for r in t.cells.itertuples()}
+    for w in dict.fromkeys(t.cells["workload"]):
+        row = [w]
+        for m in modes:
+            r = by_key.get((m, w))
+            if r is None:
+                row.append("")
+            elif r.status == "complete":
+                row.append(_value(r.task_s_median))
+            else:
+                notes.append(f"[{len(notes) + 1}] {m} / {w}: {r.reason}")
+                row.append(f"— [{len(notes)}]")
+        table.add_row(*row)
+    ready = Table(title=f"host {t.host}: Ready (ms) over passed environments")
+    for col in ("mode", "n", "min", "median", "max"):
+        ready.add_column(col, justify="left" if col == "mode" else "right")
+    for r in t.startup.itertuples():
+        ready.add_row(
+            r.mode,
+            str(r.n),
+            _value(r.ready_ms_min),
+            _value(r.ready_ms_median),
+            _value(r.ready_ms_max),
+        )
+    c = t.coverage
+    coverage = (
+        f"coverage: planned {c['planned']}, ran {c['ran']}, passed {c['passed']}, "
+        f"failed {c['failed']}, "
+        f"not run (rule) {c['not_run_rule']}, not run (preflight) {c['not_run_preflight']}, "
+        f"no record {c['pending']}; complete cells {c['complete_cells']} of {c['cells']}; "
+        f"valid round records {c['valid_rounds']}"
+    )
+    return [table, *notes, ready, coverage]
+
+
+def print_tables(analysis: Analysis, console: Console) -> None:
+    """Print every host's main tables (never mixing hosts or cohorts)."""
+    for t in analysis.tables:
+        for item in tables_for(t):
+            console.print(item, markup=False, highlight=False) if isinstance(
+                item, str
+            ) else console.print(item)
+
+
+@click.command("run")
+@click.argument("plan_path", required=False, type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--preset", "preset_name", type=click.Choice(PRESETS), help="A built-in plan.")
+@DATA_OPTION
+@click.option("--resume", "resume_id", default=None, help="Continue a stopped campaign by id.")
+@click.option("--json", "as_json", is_flag=True, help="Print the records as JSON lines.")
+@click.option(
+    "--work-root", type=click.Path(path_type=Path), default=DEFAULT_WORK_ROOT, show_default=True,
+    help="Where environments' workspaces live.",
+)  # fmt: skip
+@click.option("--host-name", default=None, help="Name of this host (default: its key's name).")
+@click.option("--key", "key_path", type=click.Path(path_type=Path), default=None,
+              help="Host key (default $SANDBENCH_HOME/host.key; created if absent).")  # fmt: skip
+@REGISTRY_OPTION
+@click.option("--no-progress", is_flag=True, help="No live progress bar.")
+def run_command(
+    plan_path: Path | None, preset_name: str | None, data_dir: Path, resume_id: str | None,
+    as_json: bool, work_root: Path, host_name: str | None, key_path: Path | None,
+    registry_path: Path | None, no_progress: bool,
+) -> None:  # fmt: skip
+    """Run a campaign on this machine (embedded, no broker) and print its tables."""
+    plan = None if resume_id else _plan_from(plan_path, preset_name)
+    key = HostKey.load_or_create(key_path, name=host_name)
+    store, err = Store(data_dir), Console(stderr=True)
+    stop = threading.Event()
+    with _stop_on_signals(stop, err):
+        result = run_campaign(
+            store, key, plan=plan, resume=resume_id, work_root=work_root,
+            registry=HostRegistry(registry_path), stop=stop, console=err,
+            show_progress=not no_progress,
+        )  # fmt: skip
+    out = Console(width=160) if not sys.stdout.isatty() else Console()
+    if result.complete:
+        paths = write_report(store, result.campaign_id)
+        if as_json:
+            for record in store.records(result.campaign_id):
+                click.echo(json.dumps(record.to_json_dict(), sort_keys=True))
+        else:
+            print_tables(paths["analysis"], out)
+            click.echo(f"report: {paths['html']}")
+    click.echo(summary_line(result))
+    click.echo(f"campaign: {result.campaign_id}")
+    if not result.complete:
+        sys.exit(EXIT_INTERRUPTED)
+
+
+@click.command("report")
+@click.argument("campaign_id")
+@DATA_OPTION
+@click.option("--quiet", is_flag=True, help="Print only the paths written.")
+def report_command(campaign_id: str, data_dir: Path, quiet: bool) -> None:
+    """Rebuild results.csv, plots, report.md and report.html from the raw records."""
+    paths = write_report(Store(data_dir), campaign_id)
+    if not quiet:
+        print_tables(
+            paths["analysis"], Console(width=160) if not sys.stdout.isatty() else Console()
+        )
+    for p in [*paths["results"], paths["markdown"], paths["html"]]:
+        click.echo(f"wrote {p}")
+
+
+@click.command("verify")
+@click.argument("campaign_id")
+@DATA_OPTION
+@REGISTRY_OPTION
+def verify_command(campaign_id: str, data_dir: Path, registry_path: Path | None) -> None:
+    """Check every record's signature and re-derive the first-failure rule from the records."""
+    store = Store(data_dir)
+    problems = verify_campaign(store, campaign_id, HostRegistry(registry_path))
+    checked = sum(1 for _ in store.raw_lines(campaign_id))
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    result = {"ok": not problems, "problems": problems, "records": checked, "checked_at": now}
+    store.write_verification(campaign_id, result)
+    for p in problems:
+        click.echo(f"problem: {p}")
+    if problems:
+        click.echo(
+            f"campaign {campaign_id}: UNVERIFIED ({len(problems)} problems in {checked} records)"
+        )
+        sys.exit(EXIT_CHECK_FAILED)
+    click.echo(f"campaign {campaign_id}: verified ({checked} records, signatures and rule)")
+
+
+@click.group("plan")
+def plan_group() -> None:
+    """Plan files: validate and show what they expand to."""
+
+
+@plan_group.command("show")
+@click.argument("plan_path", required=False, type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--preset", "preset_name", type=click.Choice(PRESETS), help="A built-in plan.")
+@click.option("--toml", "as_toml", is_flag=True, help="Print the plan's TOML text too.")
+def plan_show(plan_path: Path | None, preset_name: str | None, as_toml: bool) -> None:
+    """Validate a plan (file or preset) and print its expansion per host."""
+    text, plan = _plan_from(plan_path, preset_name)
+    if as_toml:
+        click.echo(text)
+    for line in describe(plan):
+        click.echo(line)
+
+
+def register(main: click.Group) -> None:
+    """Attach the campaign commands to ``main``."""
+    for command in (run_command, report_command, verify_command, plan_group):
+        main.add_command(command)

@@ -1,0 +1,229 @@
+"""The embedded executor: one campaign on this machine, in-process, no broker.
+
+Same expansion, runner, records, signing, policy, analysis and report as the fleet; only the
+transport differs. Environments run one at a time in the host's seeded order. A stop request
+(Ctrl-C) lets the runner kill and clean up the running environment, which gets no record; a
+resumed campaign runs it again fresh and skips every environment already recorded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from coordinator.campaign import expand, new_campaign_id
+from coordinator.plan import Plan
+from coordinator.policy import not_run_record, rule_applies
+from coordinator.registry import HostRegistry
+from coordinator.store import Store
+from tasks.errors import SandbenchError, StoreError
+from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec
+from tasks.signing import HostKey, sign_record
+from worker.modes import HostInfo, Preflight, get_mode
+
+DEFAULT_WORK_ROOT = Path("/var/tmp/sandbench")
+
+Runner = Callable[..., EnvironmentRecord | None]
+
+
+@dataclass
+class RunResult:
+    """What happened to a campaign in this process."""
+
+    campaign_id: str
+    planned: int
+    recorded_before: int
+    recorded_now: int = 0
+    stopped: bool = False
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """Every planned environment of this host has a record."""
+        return self.recorded_before + self.recorded_now == self.planned
+
+
+def trust_own_key(key: HostKey, registry: HostRegistry) -> None:
+    """Register this host's own key (a local campaign is verified against it)."""
+    registry.add(key.name, key.public_b64())
+
+
+def start_campaign(store: Store, plan_text: str, plan: Plan, host: str, work_root: Path) -> str:
+    """Expand ``plan`` for this host, store it and return the new campaign id."""
+    campaign_id = new_campaign_id()
+    specs = expand(plan, [host], campaign_id, str(work_root))
+    return store.create_campaign(plan_text, plan, specs)
+
+
+def preflight(spec: EnvironmentSpec, host: HostInfo) -> Preflight:
+    """The mode's preflight verdict on this host (cached by the runner)."""
+    try:
+        mode = get_mode(spec.mode, spec.mode_options)
+    except SandbenchError as exc:
+        return Preflight(False, str(exc))
+    try:
+        from worker.runner import preflight_of
+    except ImportError:  # runner not installed: ask the mode directly
+        return mode.preflight(host)
+    return preflight_of(mode, host, spec.mode_options)
+
+
+def _record_provenance(
+    store: Store, campaign_id: str, host: HostInfo, preflights: dict[str, Preflight]
+) -> None:
+    from worker.provenance import collect
+
+    c = store.load_campaign(campaign_id)
+    plan = c.plan
+    modes = {name: {"ok": p.ok, "reason": p.reason, **p.facts} for name, p in preflights.items()}
+    facts = collect(
+        host.name, host.work_root, campaign=campaign_id, seed=plan.get("seed", 0),
+        cohort=plan.get("cohort", "default"), quota=plan.get("quota", {}), modes=modes,
+    )  # fmt: skip
+    store.write_provenance(campaign_id, host.name, facts)
+
+
+class LocalExecutor:
+    """Runs one host's planned environments of a stored campaign in order."""
+
+    def __init__(
+        self,
+        store: Store,
+        campaign_id: str,
+        key: HostKey,
+        work_root: Path,
+        stop: threading.Event | None = None,
+        runner: Runner | None = None,
+    ) -> None:
+        self.store, self.campaign_id, self.key = store, campaign_id, key
+        self.host = HostInfo(name=key.name, work_root=Path(work_root))
+        self.stop = stop or threading.Event()
+        self.runner = runner
+        self.preflights: dict[str, Preflight] = {}
+        campaign = store.load_campaign(campaign_id)
+        if key.name not in campaign.hosts:
+            raise StoreError(
+                f"campaign {campaign_id} planned hosts {', '.join(campaign.hosts)}, not this host "
+                f"'{key.name}'; run it on that host or pass --host-name"
+            )
+        self.specs = campaign.host_specs(key.name)
+        self.records = store.records(campaign_id, key.name)
+
+    def _preflight(self, spec: EnvironmentSpec) -> Preflight:
+        if spec.mode not in self.preflights:
+            self.preflights[spec.mode] = preflight(spec, self.host)
+            _record_provenance(self.store, self.campaign_id, self.host, self.preflights)
+        return self.preflights[spec.mode]
+
+    def execute(self, spec: EnvironmentSpec) -> EnvironmentRecord | None:
+        """The unsigned record of one environment: not-run, or the runner's (None if stopped)."""
+        verdict = self._preflight(spec)
+        if not verdict.ok:
+            return not_run_record(
+                spec, NOT_RUN_PREFLIGHT_PREFIX + (verdict.reason or "unavailable")
+            )
+        if rule_applies(self.records, spec):
+            return not_run_record(spec, NOT_RUN_RULE, "an earlier environment of this cell failed")
+        runner = self.runner
+        if runner is None:
+            from worker.runner import run_environment as runner
+        return runner(spec, host=self.host, stop=self.stop)
+
+    def keep(self, record: EnvironmentRecord) -> None:
+        """Sign and store ``record``."""
+        signed = sign_record(record, self.key)
+        self.store.append_record(signed)
+        self.records.append(signed)
+
+    def run(self, console: Console | None = None, show_progress: bool = True) -> RunResult:
+        """Run every environment without a record, in order, until done or asked to stop."""
+        done = {r.key() for r in self.records}
+        todo = [s for s in self.specs if s.key() not in done]
+        result = RunResult(self.campaign_id, len(self.specs), len(self.specs) - len(todo))
+        if not self.preflights:
+            _record_provenance(self.store, self.campaign_id, self.host, {})
+        progress = _progress(console or Console(stderr=True), show_progress)
+        with progress:
+            task = progress.add_task(
+                "starting", total=len(self.specs), completed=result.recorded_before
+            )
+            for spec in todo:
+                if self.stop.is_set():
+                    break
+                progress.update(
+                    task, description=f"{spec.mode} / {spec.workload} #{spec.env_index}"
+                )
+                record = self.execute(spec)
+                if record is None or self.stop.is_set() and record.outcome == "failed":
+                    break  # stopped mid-environment: no record, a resume runs it again
+                self.keep(record)
+                result.recorded_now += 1
+                result.counts[record.outcome] = result.counts.get(record.outcome, 0) + 1
+                progress.advance(task)
+        result.stopped = not result.complete
+        return result
+
+
+def _progress(console: Console, enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("environments"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled,
+        transient=False,
+    )
+
+
+def run_campaign(
+    store: Store,
+    key: HostKey,
+    *,
+    plan: tuple[str, Plan] | None = None,
+    resume: str | None = None,
+    work_root: Path = DEFAULT_WORK_ROOT,
+    registry: HostRegistry | None = None,
+    stop: threading.Event | None = None,
+    console: Console | None = None,
+    show_progress: bool = True,
+    runner: Runner | None = None,
+) -> RunResult:
+    """Start (``plan``) or resume (``resume``) a campaign on this machine and run it."""
+    if (plan is None) == (resume is None):
+        raise SandbenchError("give either a plan or a campaign id to resume, not both")
+    trust_own_key(key, registry or HostRegistry())
+    if resume is not None:
+        campaign_id = resume
+    else:
+        assert plan is not None
+        campaign_id = start_campaign(store, plan[0], plan[1], key.name, work_root)
+    executor = LocalExecutor(store, campaign_id, key, work_root, stop, runner)
+    started = time.monotonic()
+    result = executor.run(console, show_progress)
+    result.counts["elapsed_s"] = int(time.monotonic() - started)
+    return result
+
+
+def summary_line(result: RunResult) -> str:
+    """One line: how many environments were recorded and whether the campaign is complete."""
+    total = result.recorded_before + result.recorded_now
+    state = "complete" if result.complete else "stopped; resume with --resume " + result.campaign_id
+    parts = ", ".join(f"{v} {k}" for k, v in sorted(result.counts.items()) if k != "elapsed_s")
+    return f"{total} of {result.planned} environments recorded ({parts or 'none new'}); {state}"
