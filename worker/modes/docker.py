@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from tasks.records import Quota
+from worker.cgroupsv1 import CONTROLLERS
 from worker.dockerd import Dockerd, DockerdError
 from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo, Preflight
+from worker.quota import cgroup_mounts, detect, remove_dir
 
 # The host's system directories: the container's whole toolset, read-only.
 TOOLSET_DIRS = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc")
@@ -112,6 +114,21 @@ def quota_options(quota: Quota) -> list[str]:
         f"--memory={quota.memory_bytes}",
         f"--memory-swap={quota.memory_bytes + quota.swap_bytes}",
     ]
+
+
+def unmanaged_cgroup_dirs(cgroup_path: str) -> list[Path]:
+    """The environment's cgroup directories in hierarchies the runner does not manage.
+
+    runc creates the container's cgroup under ``--cgroup-parent`` in every hierarchy (blkio,
+    devices, the named systemd one, a hybrid host's empty cgroup2), so the parent directories
+    it made there are this mode's to remove; the runner removes its own.
+    """
+    mounts = cgroup_mounts()
+    managed = CONTROLLERS if detect() == 1 else ("cgroup2",)
+    managed_points = {mounts[name] for name in managed if name in mounts}
+    points = set(mounts.values()) - managed_points
+    rel = cgroup_path.strip("/")
+    return [point / rel for point in sorted(points) if rel and (point / rel).is_dir()]
 
 
 def container_name(env: EnvContext) -> str:
@@ -205,10 +222,19 @@ class DockerMode:
         return env.workspace
 
     def cleanup(self, env: EnvContext) -> None:
-        """Kill and remove the container (``docker rm -f``) and wait until it is gone."""
-        if not self.daemon.ping():
-            return  # no daemon, no container
-        self._remove(container_name(env))
+        """Kill and remove the container (``docker rm -f``), then runc's extra cgroup dirs."""
+        if self.daemon.ping():  # no daemon, no container
+            self._remove(container_name(env))
+        for directory in unmanaged_cgroup_dirs(env.cgroup_path):
+            remove_dir(directory)
+
+    def oom_killed(self, env: EnvContext) -> bool:
+        """Whether the kernel OOM-killed a process of the container (valid until cleanup).
+
+        On cgroup v1 the kill is counted in the container's own memory cgroup, a child of the
+        environment's that docker removes when the container stops: only docker still knows.
+        """
+        return bool(self.container_state(env).get("OOMKilled"))
 
     def container_state(self, env: EnvContext) -> dict[str, Any]:
         """The container's state as docker reports it (OOMKilled, ExitCode, ...), if it exists."""

@@ -1,0 +1,228 @@
+"""The docker mode on the suite's own private dockerd: workloads, quota, OOM, limit, preflight."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tasks.records import EnvironmentSpec, Quota
+from tests.conftest import REPO, require_binary
+from worker import quota as cgroups
+from worker.dockerd import DOCKERD_ENV, STATE_DIR_ENV, Dockerd
+from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo
+from worker.modes.docker import DockerMode, container_name, unmanaged_cgroup_dirs
+from workloads.payload import TABLE
+
+pytestmark = pytest.mark.docker
+
+WORKLOADS = [row[0] for row in TABLE]
+SCALE = 0.02
+MiB = 1024 * 1024
+
+# Runs inside the container in place of the payload: reports what the container sees.
+PROBE = r"""
+import json, os, subprocess, sys, time
+print(json.dumps({"op": "ready"}), flush=True)
+sys.stdin.readline()
+def read(path):
+    with open(path) as f:
+        return f.read().strip()
+start = time.process_time()
+while time.process_time() - start < 0.5:  # CPU the environment's cgroup must account
+    pass
+tools = {t: subprocess.run([t, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+         for t in ("git", "gcc", "make")}
+print(json.dumps({
+    "cpus": read("/sys/fs/cgroup/cpuset/cpuset.cpus"),
+    "memory": int(read("/sys/fs/cgroup/memory/memory.limit_in_bytes")),
+    "memsw": int(read("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")),
+    "cfs_quota": int(read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")),
+    "cfs_period": int(read("/sys/fs/cgroup/cpu/cpu.cfs_period_us")),
+    "cgroup": read("/proc/self/cgroup"),
+    "python": sys.executable, "version": sys.version.split()[0],
+    "net": sorted(os.listdir("/sys/class/net")), "tools": tools,
+    "usr_writable": os.access("/usr", os.W_OK), "payload_writable": os.access(sys.argv[0], os.W_OK),
+}), flush=True)
+"""
+
+
+@pytest.fixture(scope="session")
+def dockerd() -> Iterator[Dockerd]:
+    """The suite's own private dockerd (short state path), stopped and purged after."""
+    require_binary("dockerd")
+    state = Path(tempfile.mkdtemp(prefix="sbdk-", dir="/tmp"))
+    saved = os.environ.get(STATE_DIR_ENV)
+    os.environ[STATE_DIR_ENV] = str(state)
+    daemon = Dockerd(state_dir=state)
+    daemon.start()
+    yield daemon
+    daemon.purge()
+    if saved is None:
+        os.environ.pop(STATE_DIR_ENV, None)
+    else:
+        os.environ[STATE_DIR_ENV] = saved
+
+
+def spec_for(workload: str, work_root: Path, **overrides: object) -> EnvironmentSpec:
+    """A docker-mode environment of ``workload`` at the test scale."""
+    fields: dict[str, object] = dict(
+        campaign="t-docker", host="local", mode="docker", workload=workload, env_index=0,
+        seed=7, scale=SCALE, rounds=3, limit_s=90.0, work_root=str(work_root),
+    )  # fmt: skip
+    fields.update(overrides)
+    return EnvironmentSpec(**fields)  # type: ignore[arg-type]
+
+
+def assert_no_containers(daemon: Dockerd) -> None:
+    """The private daemon lists no container at all."""
+    assert daemon.run("ps", "--all", "--quiet").strip() == ""
+
+
+def test_preflight_names_image_and_tools(dockerd: Dockerd) -> None:
+    """Preflight reports the imported image's id, how it was built, and the tools it runs."""
+    verdict = DockerMode().preflight(HostInfo())
+    assert verdict.ok, verdict.reason
+    facts = verdict.facts
+    assert facts["image_id"].startswith("sha256:")
+    assert "docker import" in facts["image_build"] and "/usr" in facts["image_build"]
+    assert facts["daemon_socket"] == str(dockerd.socket)
+    host_python = subprocess.run(
+        [PAYLOAD_PYTHON, "-I", "-S", "-c", "import sys; print(sys.version.split()[0])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert facts["tools"]["python3"] == host_python
+    assert set(facts["tools"]) == {"python3", "git", "gcc", "make"}
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_workload_passes(dockerd: Dockerd, work_root: Path, workload: str) -> None:
+    """Every workload passes in docker mode at scale 0.02, oracle included, leaving nothing."""
+    from worker.runner import run_environment
+
+    record = run_environment(spec_for(workload, work_root))
+    assert record is not None
+    assert record.outcome == "passed", (record.reason, record.detail)
+    assert record.oracle is not None and record.oracle.ok
+    assert record.ready_ms is not None and record.ready_ms > 0
+    assert [r.k for r in record.rounds] == [1, 2, 3] and all(r.validated for r in record.rounds)
+    assert record.provenance["preflight"]["image_id"].startswith("sha256:")
+    assert_no_containers(dockerd)
+
+
+def _probe_env(tmp_path: Path, quota: Quota) -> tuple[EnvContext, cgroups.Cgroup]:
+    """An environment whose payload is the probe, with a real cgroup of ``quota``."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "env").mkdir()
+    spec = spec_for("seq-write", tmp_path, quota=quota)
+    cgroup = cgroups.create(cgroups.cgroup_name(spec.key()), quota)
+    env = EnvContext(spec, tmp_path / "ws", tmp_path / "env", cgroup.path, payload=probe)
+    return env, cgroup
+
+
+def test_container_runs_under_the_quota_and_the_environment_cgroup(
+    dockerd: Dockerd, tmp_path: Path
+) -> None:
+    """Inside, CPUs are 0-1 and the memory limit is the quota; the runner's cgroup accounts it."""
+    quota = Quota(cpus="0,1", cpu_quota=1.5, memory_bytes=768 * MiB)
+    env, cgroup = _probe_env(tmp_path, quota)
+    mode = DockerMode()
+    try:
+        mode.prepare(env)
+        proc = subprocess.Popen(
+            mode.launcher(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            preexec_fn=cgroup.preexec(), start_new_session=True,
+        )  # fmt: skip
+        cgroup.close_preexec()
+        out, _ = proc.communicate(b"go\n", timeout=60)
+        seen = json.loads(out.decode().splitlines()[1])
+        assert proc.returncode == 0
+        cpu_s, peak = cgroup.cpu_seconds(), cgroup.peak_memory()
+    finally:
+        mode.cleanup(env)
+        cgroup.remove()
+    assert seen["cpus"] == "0-1"
+    assert seen["memory"] == quota.memory_bytes and seen["memsw"] == quota.memory_bytes
+    assert seen["cfs_quota"] / seen["cfs_period"] == pytest.approx(1.5)
+    memory_line = next(line for line in seen["cgroup"].splitlines() if ":memory:" in line)
+    assert memory_line.split(":")[2].startswith(env.cgroup_path + "/")
+    assert cpu_s >= 0.45, "the environment's cgroup accounts the container's CPU time"
+    assert peak is not None and peak > 0
+    assert seen["python"] == PAYLOAD_PYTHON and seen["net"] == ["lo"]
+    assert all(seen["tools"].values()) and not seen["usr_writable"]
+    assert not seen["payload_writable"]
+    assert not unmanaged_cgroup_dirs(env.cgroup_path), "runc's extra cgroup dirs are removed"
+    assert_no_containers(dockerd)
+
+
+def test_over_memory_is_recorded_oom(dockerd: Dockerd, work_root: Path) -> None:
+    """An environment whose container outgrows its memory quota is recorded as oom."""
+    from worker.runner import run_environment
+
+    quota = Quota(memory_bytes=24 * MiB)
+    record = run_environment(spec_for("incremental-build", work_root, scale=1.0, quota=quota))
+    assert record is not None
+    assert (record.outcome, record.failure_class, record.reason) == ("failed", "resource", "oom")
+    assert_no_containers(dockerd)
+
+
+def test_timed_out_container_is_gone(dockerd: Dockerd, work_root: Path) -> None:
+    """At the limit the container is killed and removed, and none of its processes survive."""
+    from worker.runner import run_environment
+
+    # A tenth of one CPU makes round 1 far longer than the limit, container start included.
+    quota = Quota(cpus="0", cpu_quota=0.1)
+    spec = spec_for("create-small", work_root, scale=1.0, limit_s=4.0, quota=quota)
+    record = run_environment(spec)
+    assert record is not None
+    assert (record.outcome, record.reason) == ("failed", "timeout"), record.detail
+    assert_no_containers(dockerd)
+    leftovers = [
+        p.info
+        for p in psutil.process_iter(["pid", "cmdline"])
+        if "/sandbench/payload.py" in " ".join(p.info["cmdline"] or [])
+    ]
+    assert not leftovers, f"container processes survived: {leftovers}"
+
+
+def test_cleanup_twice_and_stale_container(dockerd: Dockerd, tmp_path: Path) -> None:
+    """prepare replaces a stale container of the same environment; cleanup is idempotent."""
+    env, cgroup = _probe_env(tmp_path, Quota())
+    mode = DockerMode()
+    try:
+        mode.prepare(env)
+        first = env.state["container_id"]
+        mode.prepare(env)
+        assert env.state["container_id"] != first
+        names = dockerd.run("ps", "--all", "--format", "{{.Names}}").split()
+        assert names == [container_name(env)]
+    finally:
+        mode.cleanup(env)
+        mode.cleanup(env)
+        cgroup.remove()
+    assert_no_containers(dockerd)
+
+
+def test_missing_dockerd_fails_preflight(tmp_path: Path) -> None:
+    """Without dockerd, preflight fails and ``sandbench modes list`` names the reason."""
+    missing = str(tmp_path / "no-such-dockerd")
+    env = {**os.environ, DOCKERD_ENV: missing, STATE_DIR_ENV: str(tmp_path / "state")}
+    verdict = DockerMode(Dockerd(state_dir=tmp_path / "state", dockerd=missing)).preflight(
+        HostInfo()
+    )
+    assert not verdict.ok and f"dockerd not found at {missing}" in verdict.reason
+    listed = subprocess.run(
+        [sys.executable, "-m", "coordinator", "modes", "list"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    docker_line = next(line for line in listed.stdout.splitlines() if "docker" in line)
+    assert f"dockerd not found at {missing}" in docker_line, listed.stdout
