@@ -1,0 +1,129 @@
+"""Prepared guest artefacts (kernel, initramfs) outside the repository, and how to build them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tasks.errors import ModeUnavailable
+from worker.vm import initramfs, kernel
+
+DEFAULT_HOME = Path("/var/lib/sandbench")
+MANIFEST = "guest.json"
+INIT_SHA_KEY = "init_sha256"
+
+
+def vm_home() -> Path:
+    """Where the prepared guest lives: ``$SANDBENCH_VM_HOME``, else ``$SANDBENCH_HOME/vm``."""
+    if os.environ.get("SANDBENCH_VM_HOME"):
+        return Path(os.environ["SANDBENCH_VM_HOME"])
+    return Path(os.environ.get("SANDBENCH_HOME", str(DEFAULT_HOME))) / "vm"
+
+
+@dataclass(frozen=True)
+class Guest:
+    """A prepared guest: kernel image, initramfs and what went into them."""
+
+    home: Path
+    kernel_version: str
+    vmlinuz: Path
+    initrd: Path
+    modules: tuple[str, ...]
+    init_sha256: str
+
+    def facts(self) -> dict[str, str]:
+        """Provenance facts of the guest."""
+        return {
+            "guest_kernel": self.kernel_version,
+            "initrd_sha256": sha256_file(self.initrd)[:16],
+        }
+
+
+def sha256_file(path: Path) -> str:
+    """SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_guest(home: Path | None = None) -> Guest | None:
+    """The prepared guest under ``home``, or None when it is missing or incomplete."""
+    home = home or vm_home()
+    try:
+        data = json.loads((home / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    guest = Guest(
+        home=home,
+        kernel_version=data["kernel_version"],
+        vmlinuz=home / data["vmlinuz"],
+        initrd=home / data["initrd"],
+        modules=tuple(data["modules"]),
+        init_sha256=data.get(INIT_SHA_KEY, ""),
+    )
+    if not (guest.vmlinuz.exists() and guest.initrd.exists()):
+        return None
+    return guest
+
+
+def guest_problem(guest: Guest | None) -> str | None:
+    """Why ``guest`` cannot run the VM modes (kernel, initramfs, 9p support), or None."""
+    if guest is None:
+        return f"guest kernel and initramfs not prepared in {vm_home()}: run `sandbench vm prepare`"
+    missing = [m for m in kernel.NINEP_MODULES if m not in guest.modules]
+    if missing:
+        return f"initramfs lacks 9p modules {missing}: run `sandbench vm prepare --force`"
+    if guest.init_sha256 != sha256_file(initramfs.INIT_SCRIPT):
+        return "initramfs was built from an older init: run `sandbench vm prepare --force`"
+    return None
+
+
+def prepare_guest(home: Path | None = None, force: bool = False) -> Guest:
+    """Fetch the kernel package and build the initramfs into ``home`` (idempotent)."""
+    home = home or vm_home()
+    current = load_guest(home)
+    if current is not None and not force and guest_problem(current) is None:
+        return current
+    home.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kernel-", dir=home) as tmp:
+        work = Path(tmp)
+        tree = kernel.unpack_kernel(kernel.download_kernel(work / "deb"), work / "tree")
+        index = kernel.module_index(tree.modules_dir)
+        order = kernel.load_order(
+            kernel.GUEST_MODULES, index, kernel.builtin_modules(tree.modules_dir)
+        )
+        kernel.copy_modules(order, index, work / "modules")
+        vmlinuz = kernel.copy_vmlinuz(tree, home / f"vmlinuz-{tree.version}")
+        initrd = initramfs.build_initramfs(
+            work / "modules", order, home / f"initrd-{tree.version}.gz"
+        )
+    manifest = {
+        "kernel_version": tree.version,
+        "vmlinuz": vmlinuz.name,
+        "initrd": initrd.name,
+        "modules": order,
+        INIT_SHA_KEY: sha256_file(initramfs.INIT_SCRIPT),
+    }
+    (home / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    guest = load_guest(home)
+    if guest is None:
+        raise ModeUnavailable(f"guest preparation in {home} left no usable guest")
+    return guest
+
+
+def remove_guest(home: Path) -> None:
+    """Remove every prepared artefact under ``home``."""
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def guest_dict(guest: Guest) -> dict[str, object]:
+    """The guest as a JSON-friendly dict (for ``sandbench vm status``)."""
+    data = asdict(guest)
+    return {k: str(v) if isinstance(v, Path) else v for k, v in data.items()}

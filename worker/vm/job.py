@@ -1,0 +1,47 @@
+"""The job file: what the guest init does in one environment (sourced by ``init.sh``)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+WorkspaceKind = Literal["9p-none", "9p-loose", "ext4", "none"]
+
+# The payload's environment in the guest: the same tool paths as the host, nothing inherited.
+GUEST_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+    "TMPDIR": "/tmp",
+}
+
+
+@dataclass
+class Job:
+    """One guest run: the workspace mount and the payload command."""
+
+    workspace: str  # path of the workspace inside the guest
+    kind: WorkspaceKind
+    argv: list[str] = field(default_factory=list)
+    hold: bool = False  # test hook: never start the payload (a guest that never becomes ready)
+    probe: bool = False  # only announce readiness and exit 0 (accelerator probe)
+
+    def script(self) -> str:
+        """The job as shell assignments for the init."""
+        command = [f"{k}={v}" for k, v in GUEST_ENV.items()] + self.argv
+        lines = {
+            "WS_PATH": self.workspace,
+            "WS_KIND": self.kind,
+            "PAYLOAD": shlex.join(command),
+            "HOLD": "1" if self.hold else "0",
+            "PROBE": "1" if self.probe else "0",
+        }
+        return "".join(f"{k}={shlex.quote(v)}\n" for k, v in lines.items())
+
+    def write(self, path: Path) -> Path:
+        """Write the job file (readable by the guest through the read-only host root)."""
+        path.write_text(self.script())
+        path.chmod(0o644)
+        return path

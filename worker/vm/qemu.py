@@ -1,0 +1,162 @@
+"""QEMU command lines for the VM modes, and what the installed QEMU supports."""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+QEMU = "qemu-system-x86_64"
+PAYLOAD_PORT = "sandbench"
+CTL_PORT = "sandbench-ctl"
+DEBUG_EXIT_PORT = "0xf4"
+KERNEL_ARGS = "console=ttyS0 quiet panic=-1 reboot=t tsc=reliable no_timer_check i8042.noaux"
+
+# QEMU's exit status is 2*v+1 for a value v the guest writes to isa-debug-exit; the init writes
+# v = payload status + 1 (1..63), so this wrapper turns QEMU's status back into the payload's.
+# 0 means the guest stopped without reporting (crash, panic): that must not look like success.
+EXIT_WRAPPER = r"""
+console=$1; shift
+"$@"
+s=$?
+if [ "$s" -ge 3 ] && [ "$s" -le 127 ] && [ $((s % 2)) -eq 1 ]; then s=$(((s - 3) / 2));
+elif [ "$s" -eq 0 ]; then echo "sandbench-vm: guest stopped without a status" >&2; s=125; fi
+if [ "$s" -ne 0 ]; then echo "sandbench-vm: guest console tail:" >&2; tail -n 12 "$console" >&2; fi
+exit "$s"
+"""
+GUEST_STOPPED_STATUS = 125
+
+
+def qemu_binary() -> str | None:
+    """Path of qemu-system-x86_64, or None."""
+    return shutil.which(QEMU)
+
+
+@functools.cache
+def _query(*args: str) -> str:
+    """Output of ``qemu-system-x86_64 ARGS`` (cached: it does not change within a process)."""
+    binary = qemu_binary()
+    if binary is None:
+        return ""
+    proc = subprocess.run([binary, *args], capture_output=True, text=True, timeout=30, check=False)
+    return proc.stdout + proc.stderr
+
+
+def qemu_version() -> str:
+    """QEMU's version string (e.g. ``7.2.22``), or empty when QEMU is missing."""
+    match = re.search(r"version (\S+)", _query("--version"))
+    return match.group(1) if match else ""
+
+
+def has_device(name: str) -> bool:
+    """Whether QEMU knows device ``name``."""
+    return re.search(rf'name "{re.escape(name)}"', _query("-device", "help")) is not None
+
+
+def has_machine(name: str) -> bool:
+    """Whether QEMU knows machine type ``name``."""
+    return re.search(rf"^{re.escape(name)}\s", _query("-machine", "help"), re.M) is not None
+
+
+@dataclass
+class GuestConfig:
+    """Everything one QEMU invocation needs."""
+
+    kernel: Path
+    initrd: Path
+    job: Path  # job file the init sources (host path, visible in the guest through the root)
+    console_log: Path
+    machine: str = "q35"  # or "microvm"
+    accel: str = "tcg"  # or "kvm"
+    vcpus: int = 2
+    memory_mib: int = 512
+    workspace_9p: Path | None = None  # exported read-write as mount tag "ws"
+    disk_image: Path | None = None  # raw ext4 image attached as the first virtio disk
+    ctl_pipe: Path | None = None  # fifo pair base name (<path>.in/.out) for the sync agent
+    extra_kernel_args: list[str] = field(default_factory=list)
+
+
+def _dev(config: GuestConfig, kind: str) -> str:
+    """Device model of ``kind`` on this machine: PCI on q35, MMIO on microvm."""
+    return f"{kind}-{'device' if config.machine == 'microvm' else 'pci'}"
+
+
+def _accel_args(accel: str) -> list[str]:
+    """Accelerator arguments: KVM with the host CPU, or multi-threaded TCG."""
+    if accel == "kvm":
+        return ["-accel", "kvm", "-cpu", "host"]
+    return ["-accel", "tcg,thread=multi"]
+
+
+def _machine_args(config: GuestConfig) -> list[str]:
+    """Machine type, size and the debug-exit device."""
+    machine = "microvm,x-option-roms=off,rtc=on" if config.machine == "microvm" else "q35"
+    return [
+        "-M", machine, "-m", str(config.memory_mib), "-smp", str(config.vcpus),
+        "-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT},iosize=0x04",
+    ]  # fmt: skip
+
+
+def _fs_args(config: GuestConfig) -> list[str]:
+    """The host root (read-only) and, if any, the workspace over 9p; the disk image."""
+    nine_p = _dev(config, "virtio-9p")
+    args = [
+        "-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap",
+        "-device", f"{nine_p},fsdev=hostroot,mount_tag=hostroot",
+    ]  # fmt: skip
+    if config.workspace_9p is not None:
+        args += [
+            "-fsdev", f"local,id=ws,path={config.workspace_9p},security_model=none",
+            "-device", f"{nine_p},fsdev=ws,mount_tag=ws",
+        ]  # fmt: skip
+    if config.disk_image is not None:
+        args += [
+            "-drive", f"file={config.disk_image},format=raw,if=none,id=disk,cache=writeback",
+            "-device", f"{_dev(config, 'virtio-blk')},drive=disk",
+        ]  # fmt: skip
+    return args
+
+
+def _port_args(config: GuestConfig) -> list[str]:
+    """The payload's channel on QEMU's stdio and the sync agent's fifo, as virtio-serial ports."""
+    args = [
+        "-device", f"{_dev(config, 'virtio-serial')},id=vser",
+        "-chardev", "stdio,id=payload,signal=off",
+        "-device", f"virtserialport,bus=vser.0,chardev=payload,name={PAYLOAD_PORT}",
+    ]  # fmt: skip
+    if config.ctl_pipe is not None:
+        args += [
+            "-chardev", f"pipe,id=ctl,path={config.ctl_pipe}",
+            "-device", f"virtserialport,bus=vser.0,chardev=ctl,name={CTL_PORT}",
+        ]  # fmt: skip
+    return args
+
+
+def qemu_argv(config: GuestConfig) -> list[str]:
+    """The QEMU command line (without the exit wrapper)."""
+    append = " ".join([KERNEL_ARGS, f"sandbench.job={config.job}", *config.extra_kernel_args])
+    return [
+        qemu_binary() or QEMU,
+        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+        *_accel_args(config.accel),
+        *_machine_args(config),
+        "-kernel", str(config.kernel), "-initrd", str(config.initrd), "-append", append,
+        "-serial", f"file:{config.console_log}",
+        *_fs_args(config),
+        *_port_args(config),
+    ]  # fmt: skip
+
+
+def launcher_argv(config: GuestConfig) -> list[str]:
+    """QEMU under the exit wrapper: the launcher exits with the payload's status."""
+    return [
+        "/bin/sh",
+        "-c",
+        EXIT_WRAPPER,
+        "sandbench-vm",
+        str(config.console_log),
+        *qemu_argv(config),
+    ]
