@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -41,32 +42,70 @@ def payload_argv(workload: str, seed: int, scale: float, root: Path) -> list[str
 def drive(workload: str, seed: int, scale: float, root: Path, rounds: list[int]) -> Drive:
     """Run the payload on ``root`` and send the given round numbers, then exit."""
     result = Drive()
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         payload_argv(workload, seed, scale, root),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert proc.stdin and proc.stdout
-    try:
-        result.lines.append(json.loads(proc.stdout.readline() or "null"))
-        for k in rounds:
-            start = time.monotonic()
-            proc.stdin.write(json.dumps({"op": "round", "k": k}) + "\n")
-            proc.stdin.flush()
-            line = proc.stdout.readline()
-            result.round_s.append(time.monotonic() - start)
-            result.lines.append(json.loads(line) if line else {"op": "eof"})
-            if result.lines[-1].get("op") != "done":
-                break
-        else:
-            proc.stdin.write('{"op": "exit"}\n')
-            proc.stdin.flush()
-        result.lines += [json.loads(x) for x in proc.stdout.read().splitlines() if x.strip()]
-        proc.stdin.close()
-        result.exit_code = proc.wait(EXIT_TIMEOUT_S)
+    ) as proc:  # fmt: skip
+        try:
+            _converse(proc, rounds, result)
+            result.exit_code = proc.wait(EXIT_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
         assert proc.stderr
         result.stderr = proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     return result
+
+
+def _converse(proc: subprocess.Popen[str], rounds: list[int], result: Drive) -> None:
+    """Read ready, send each round and time its answer, send exit, collect the rest."""
+    assert proc.stdin and proc.stdout
+    result.lines.append(json.loads(proc.stdout.readline() or "null"))
+    for k in rounds:
+        start = time.monotonic()
+        _send(proc, json.dumps({"op": "round", "k": k}))
+        line = proc.stdout.readline()
+        result.round_s.append(time.monotonic() - start)
+        result.lines.append(json.loads(line) if line else {"op": "eof"})
+        if result.lines[-1].get("op") != "done":
+            break
+    else:
+        _send(proc, '{"op": "exit"}')
+    result.lines += [json.loads(x) for x in proc.stdout.read().splitlines() if x.strip()]
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.close()
+
+
+def _send(proc: subprocess.Popen[str], line: str) -> None:
+    """Write one request line; a payload that already exited is seen on its stdout instead."""
+    assert proc.stdin
+    try:
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+    except BrokenPipeError:
+        pass
+
+
+@dataclass
+class NativeRun:
+    """One native environment: fixture build time, the payload's answers and the oracle."""
+
+    build_s: float
+    drive: Drive
+    mismatches: list[str]
+
+
+def native_environment(
+    workload: str, seed: int, scale: float, rounds: int, cache: Path, work: Path
+) -> NativeRun:
+    """Fixture (cached), fresh workspace ``work``, R rounds through the payload, then the oracle."""
+    from workloads import fixtures, oracle
+    from workloads.registry import get_workload
+
+    start = time.monotonic()
+    fixture = fixtures.ensure_fixture(workload, seed, scale, cache)
+    build_s = time.monotonic() - start
+    fixtures.copy_fixture(fixture, work)
+    result = drive(workload, seed, scale, work, list(range(1, rounds + 1)))
+    model = get_workload(workload).model(seed, scale, rounds, fixture=fixture)
+    return NativeRun(build_s, result, oracle.compare(work, model))

@@ -1,0 +1,125 @@
+"""The payload as a real subprocess: all 19 workloads, the protocol and its error answers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from workloads import fixtures, payload
+from workloads.drive import PAYLOAD, drive, native_environment, payload_argv
+from workloads.registry import WORKLOADS
+
+SEED = 11
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fixture cache private to this module."""
+    return tmp_path_factory.mktemp("fixtures")
+
+
+def check_environment(name: str, scale: float, cache: Path, work: Path) -> None:
+    """Run 3 rounds natively and require every round validated and the oracle empty."""
+    run = native_environment(name, SEED, scale, 3, cache, work / "ws")
+    done = [m for m in run.drive.lines if m.get("op") == "done"]
+    assert run.drive.lines[0] == {"op": "ready"}, run.drive.lines
+    assert [m["k"] for m in done] == [1, 2, 3], (run.drive.lines, run.drive.stderr)
+    assert all(m["validated"] for m in done), run.drive.lines
+    assert all(len(m["digest"]) == 64 for m in done)
+    assert run.drive.exit_code == 0, run.drive.stderr
+    assert run.mismatches == []
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_workload_small_scale(name: str, cache: Path, tmp_path: Path) -> None:
+    """At scale 0.02 each workload validates 3 rounds and its final state matches the oracle."""
+    check_environment(name, 0.02, cache, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_workload_full_scale(name: str, cache: Path, tmp_path: Path) -> None:
+    """At scale 1.0 each workload validates 3 rounds and its final state matches the oracle."""
+    check_environment(name, 1.0, cache, tmp_path)
+
+
+def workspace(name: str, cache: Path, tmp_path: Path) -> Path:
+    """A fresh workspace of ``name`` at scale 0.02."""
+    ws = tmp_path / "ws"
+    fixtures.copy_fixture(fixtures.ensure_fixture(name, SEED, 0.02, cache), ws)
+    return ws
+
+
+def test_round_out_of_order(cache: Path, tmp_path: Path) -> None:
+    """Round 3 before round 2 is answered with an error line naming round 3 and a nonzero exit."""
+    result = drive("publish", SEED, 0.02, workspace("publish", cache, tmp_path), [1, 3])
+    assert [m["op"] for m in result.lines] == ["ready", "done", "error"]
+    assert result.lines[-1]["k"] == 3 and "expected round 2" in result.lines[-1]["message"]
+    assert result.exit_code != 0
+
+
+def test_unknown_workload(tmp_path: Path) -> None:
+    """An unknown workload gets the ready line, then an error line, then a nonzero exit."""
+    result = drive("seqwrite", SEED, 0.02, tmp_path, [1])
+    assert result.lines[0] == {"op": "ready"}
+    assert result.lines[1]["op"] == "error" and "seqwrite" in result.lines[1]["message"]
+    assert result.exit_code != 0
+
+
+def run_raw(
+    argv: list[str], stdin: str, env: dict[str, str] | None = None
+) -> tuple[list[str], int]:
+    """Run the payload with ``stdin``; its stdout lines and exit status."""
+    r = subprocess.run(argv, input=stdin, capture_output=True, text=True, env=env, timeout=120)
+    return r.stdout.splitlines(), r.returncode
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--workload", "publish", "--seed", "x", "--scale", "0.02"],
+        ["--workload", "publish", "--seed", "1", "--scale", "0.02", "--root", "/nonexistent"],
+        ["--workload", "publish", "--seed", "1", "--scale", "7", "--root", "/tmp"],
+        ["--bogus"],
+    ],
+)
+def test_bad_arguments(args: list[str]) -> None:
+    """Bad arguments are answered with ready, one error line and a nonzero exit."""
+    lines, code = run_raw(["/usr/bin/python3", "-I", "-S", str(PAYLOAD), *args], "")
+    assert json.loads(lines[0]) == {"op": "ready"}
+    assert json.loads(lines[1])["op"] == "error" and len(lines) == 2
+    assert code != 0
+
+
+def test_round_beyond_prepared(cache: Path, tmp_path: Path) -> None:
+    """A round past MAX_ROUNDS is an error that says how many rounds fixtures prepare."""
+    ws = workspace("seq-write", cache, tmp_path)
+    rounds = list(range(1, payload.MAX_ROUNDS + 2))
+    result = drive("seq-write", SEED, 0.02, ws, rounds)
+    assert (
+        result.lines[-1]["op"] == "error" and str(payload.MAX_ROUNDS) in result.lines[-1]["message"]
+    )
+    assert result.exit_code != 0
+
+
+def test_unknown_request_and_eof(cache: Path, tmp_path: Path) -> None:
+    """An unknown request and a closed stdin are errors, never a silent exit 0."""
+    argv = payload_argv("publish", SEED, 0.02, workspace("publish", cache, tmp_path))
+    lines, code = run_raw(argv, '{"op": "dance"}\n')
+    assert json.loads(lines[-1])["op"] == "error" and code != 0
+    lines, code = run_raw(argv, "")
+    assert json.loads(lines[-1])["message"].endswith("stdin closed before exit") and code != 0
+
+
+@pytest.mark.parametrize("name", ["repo-inspect", "incremental-build"])
+def test_tools_without_home(name: str, cache: Path, tmp_path: Path) -> None:
+    """git, make and gcc rounds work with HOME unset and only the protocol on stdout."""
+    argv = payload_argv(name, SEED, 0.02, workspace(name, cache, tmp_path))
+    stdin = '{"op": "round", "k": 1}\n{"op": "round", "k": 2}\n{"op": "exit"}\n'
+    lines, code = run_raw(argv, stdin, env={"PATH": "/usr/bin:/bin"})
+    answers = [json.loads(line) for line in lines]
+    assert [a["op"] for a in answers] == ["ready", "done", "done"] and code == 0
+    assert all(a["validated"] for a in answers[1:])
