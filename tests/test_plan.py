@@ -1,0 +1,113 @@
+"""Plan files and presets: validation messages, expansion, seeded order, plan show."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from coordinator.campaign import describe, expand, new_campaign_id
+from coordinator.plan import parse_plan, preset
+from tasks.errors import PlanError
+from workloads.registry import WORKLOADS
+
+PLAN = """
+name = "t"
+seed = 7
+environments = 2
+workloads = ["workflow", "seq-write"]
+modes = ["native", { name = "fake", template = ["/bin/true", "{payload_argv}"] }]
+[quota]
+memory = "1GiB"
+swap = "512MiB"
+"""
+
+
+def test_plan_is_validated_and_normalized() -> None:
+    """Groups resolve to names, sizes parse, command modes carry their template as options."""
+    plan = parse_plan(PLAN)
+    assert plan.quota.quota().memory_bytes == 1024**3 and plan.quota.swap == 512 * 1024**2
+    cells = plan.cells()
+    assert [w for m, w in cells if m.name == "native"] == [
+        "seq-write", "repo-inspect", "incremental-build", "publish"]  # fmt: skip
+    assert cells[-1][0].mode_options() == {
+        "template": ["/bin/true", "{payload_argv}"],
+        "staged": False,
+    }
+    assert plan.rounds == 3 and plan.limit_s == 90 and plan.vm.vcpus == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('modes = ["native"]\nworkloads = ["seqwrite"]',
+         "workloads[0] 'seqwrite' is not a workload; did you mean 'seq-write'?"),
+        ('modes = ["nativ"]', "modes[0] 'nativ' is not a mode; did you mean 'native'?"),
+        ('modes = ["native"]\nenvironments = 0',
+         "environments: Input should be greater than or equal to 1"),
+        ('modes = ["native"]\nenviroments = 3', "enviroments: Extra inputs are not permitted"),
+        ('workloads = ["all"]', "modes is missing"),
+        ('modes = ["native"]\n[quota]\nmemory = "lots"',
+         "quota.memory: Value error, 'lots' is not a size"),
+        ('modes = ["native", "native"]', "modes[1] 'native' appears twice"),
+        ("modes = [", "not valid TOML"),
+    ],
+)  # fmt: skip
+def test_plan_errors_name_the_key_and_the_fix(text: str, message: str) -> None:
+    """Each mistake is reported with the file, the key and what to write instead."""
+    with pytest.raises(PlanError) as err:
+        parse_plan(text, "my.toml")
+    assert str(err.value).startswith("my.toml: ") and message in str(err.value)
+
+
+def test_seeded_order_is_reproducible_per_seed_and_host() -> None:
+    """Same seed and host give the same order; another seed or host gives another."""
+    plan = parse_plan(PLAN)
+
+    def order(p: object, host: str = "lab-a") -> list[tuple[str, str, int]]:
+        return [(s.mode, s.workload, s.env_index) for s in expand(p, [host], "c-1", "/w")]  # type: ignore[arg-type]
+
+    first = order(plan)
+    assert first == order(plan)
+    assert first != order(plan.model_copy(update={"seed": 8}))
+    assert first != order(plan, "lab-b")
+    assert sorted(first) == sorted(order(plan.model_copy(update={"seed": 8})))
+    specs = expand(plan, ["lab-a", "lab-b"], "c-1", "/w")
+    assert [s.order_index for s in specs if s.host == "lab-b"] == list(range(16))
+    assert len({s.task_id for s in specs}) == 32
+
+
+def test_presets_expand_as_documented() -> None:
+    """smoke: 19 workloads in non-VM modes, publish in VM modes, said in its notes; full: all."""
+    _, smoke = preset("smoke")
+    per_mode = Counter(m.name for m, _ in smoke.cells())
+    assert per_mode["native"] == per_mode["docker"] == len(WORKLOADS) == 19
+    assert per_mode["vm"] == per_mode["vm-microvm"] == 1
+    assert smoke.scale < 1 and any("VM modes run only: publish" in n for n in smoke.notes)
+    assert (
+        "expansion per host: 19 workloads x 4 modes x 3 environments + 1 workload x 4 modes x "
+        "3 environments = 240 environments" in describe(smoke)
+    )
+    _, full = preset("full")
+    assert len(full.cells()) * full.environments == 19 * 8 * 3 and full.scale == 1.0
+    assert (
+        describe(full)[-1]
+        == "expansion per host: 19 workloads x 8 modes x 3 environments = 456 environments"
+    )
+    assert new_campaign_id().startswith("c-") and len(new_campaign_id()) == len("c-20261129-ab12")
+
+
+def test_plan_show_command(tmp_path: Path) -> None:
+    """`sandbench plan show` prints the expansion, and a bad plan exits 2 with the fix."""
+    out = subprocess.run([sys.executable, "-m", "coordinator", "plan", "show", "--preset", "smoke"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0 and "= 240 environments" in out.stdout
+    assert "VM modes run only: publish" in out.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text('modes = ["dokcer"]\n')
+    out = subprocess.run([sys.executable, "-m", "coordinator", "plan", "show", str(bad)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2 and "did you mean 'docker'?" in out.stderr

@@ -1,0 +1,96 @@
+"""The report: results.csv rows, incomplete cells with their reasons, a page Chromium renders."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+from conftest import require
+from PIL import Image
+from test_analysis import _campaign
+
+from coordinator.report import write_report
+from coordinator.store import Store
+
+CID = "c-20261129-ab12"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--window-size=1280,2400"]  # fmt: skip
+
+
+def _stored(tmp_path: Path) -> Store:
+    specs, records = _campaign()
+    store = Store(tmp_path / "data")
+    plan = {"name": "hand", "cohort": "default", "seed": 0, "environments": 3, "rounds": 3,
+            "modes": ["native", "staged", "vm"], "workloads": ["publish", "seq-write"],
+            "notes": ["hand-built records"]}  # fmt: skip
+    store.create_campaign("# hand-built\n", plan, specs)
+    for r in records:
+        store.append_record(r)
+    store.write_provenance(CID, "lab-a", {"cpu_model": "test CPU", "tools": {"git": "git 2.39"}})
+    return store
+
+
+def test_results_csv_rows_and_reproducibility(tmp_path: Path) -> None:
+    """results.csv holds one row per cell with the hand-computed values; a rebuild is identical."""
+    store = _stored(tmp_path)
+    paths = write_report(store, CID)
+    csv = (tmp_path / "data" / CID / "hosts" / "lab-a" / "results.csv").read_bytes()
+    lines = csv.decode().splitlines()
+    assert lines[0].startswith("host,cohort,mode,workload,group,attempt,status,reason,planned,ran")
+    assert (
+        "lab-a,default,native,publish,workflow,1,complete,,3,3,3,0,0,0,0,9,0.750000,,,,20.000000,"
+        "0.600000;0.900000;0.750000" in lines
+    )
+    assert (
+        "lab-a,default,vm,publish,workflow,1,preflight-failed,preflight failed: no KVM and no TCG,"
+        "3,0,0,0,0,3,0,0,,,,,," in lines
+    )
+    assert len(lines) == 1 + 5 and len(paths["results"]) == 2
+    write_report(store, CID)
+    assert (tmp_path / "data" / CID / "hosts" / "lab-a" / "results.csv").read_bytes() == csv
+
+
+def test_markdown_shows_dash_with_reason_one_line_away(tmp_path: Path) -> None:
+    """An incomplete cell is '— [n]' and note [n] right below its table gives the reason."""
+    write_report(_stored(tmp_path), CID)
+    md = (tmp_path / "data" / CID / "report.md").read_text()
+    assert "| seq-write | — [1] | 0.6 |" in md
+    assert (
+        "[1] native / seq-write: env 1 failed (task/oracle-mismatch: out/x); 1 not run under "
+        "the first-failure-rule" in md
+    )
+    sections = ("Headline", "Task completion per workflow and mode", "Small writes and synchronization",
+                "Ready and the startup range", "Coverage", "Failures and missing observations",
+                "Provenance", "Configuration")  # fmt: skip
+    for section in sections:
+        assert section in md
+    assert (
+        "| 0 |" not in md.split("Ready and the startup range")[0]
+    )  # never a zero for a missing cell
+    assert list((tmp_path / "data" / CID / "plots").glob("*.svg")) and list(
+        (tmp_path / "data" / CID / "plots").glob("*.png")
+    )
+
+
+def test_html_is_self_contained_and_renders(tmp_path: Path) -> None:
+    """report.html loads nothing from elsewhere and headless Chromium renders it to a picture."""
+    write_report(_stored(tmp_path), CID)
+    page = tmp_path / "data" / CID / "report.html"
+    text = page.read_text()
+    assert "<svg" in text and " src=" not in text and "<link" not in text and "<script" not in text
+    assert "title='native / seq-write: env 1 failed" in text
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    require(chromium is not None, "chromium (apt package chromium, installed by ops/setup.sh)")
+    assert chromium is not None
+    shot = tmp_path / "report.png"
+    profile = tmp_path / "chromium-profile"
+    subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={shot}",
+                    page.as_uri()], capture_output=True, timeout=120, check=True)  # fmt: skip
+    pixels = np.asarray(Image.open(shot).convert("L"))
+    assert pixels.shape == (2400, 1280)
+    assert (pixels < 128).mean() > 0.005  # text and plots, not a blank page
+    keep = Path("/tmp/sandbench-report-screenshot.png")  # left for a person to look at
+    shutil.copy(shot, keep)
