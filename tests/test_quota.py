@@ -1,4 +1,4 @@
-"""The environment cgroup: CPU quota and affinity, memory limit and OOM, whole-tree kill, v1 and v2."""
+"""The environment cgroup: CPU quota and affinity, memory limit and OOM, tree kill, v1 and v2."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _busy(group: quota.Cgroup) -> subprocess.Popen[bytes]:
 
 @pytest.mark.parametrize(("cpus", "cores"), [("0", 0.5), ("0,1", 1.0)])
 def test_cpu_quota_and_affinity(cgroup: quota.Cgroup, cpus: str, cores: float) -> None:
-    """Four busy threads get the quota's CPU time per wall second (within 10%) on allowed CPUs only."""
+    """Four busy threads get the quota's CPU time per wall second (10%), on allowed CPUs only."""
     cgroup.create(Quota(cpus=cpus, cpu_quota=cores))
     allowed = set(quota.cpu_list(cpus))
     proc = _busy(cgroup)
@@ -101,7 +101,7 @@ def test_memory_limit_oom_kill(cgroup: quota.Cgroup) -> None:
 
 
 def test_kill_takes_the_whole_tree(cgroup: quota.Cgroup) -> None:
-    """kill() leaves no process of a tree that forks and detaches, and remove() deletes the cgroup."""
+    """kill() leaves no process of a tree that forks and detaches; remove() deletes the cgroup."""
     cgroup.create(Quota())
     script = "for i in 1 2 3; do setsid sleep 300 & done; sleep 300 & wait"
     proc = subprocess.Popen(["/bin/sh", "-c", script], preexec_fn=cgroup.preexec())
@@ -121,7 +121,7 @@ def test_kill_takes_the_whole_tree(cgroup: quota.Cgroup) -> None:
 
 def _dirs(group: quota.Cgroup) -> list[Path]:
     """The cgroup's directories, whatever the version."""
-    return list(getattr(group, "dirs", {}).values()) or [getattr(group, "dir")]
+    return list(getattr(group, "dirs", {}).values()) or [group.dir]  # type: ignore[attr-defined]
 
 
 def test_detect_and_names() -> None:

@@ -193,7 +193,8 @@ class _Run:
         except ChannelStopped:
             raise
         except ChannelError as exc:
-            detail = self._died(f"no ready line: {exc}", before_ready=True)
+            closed = isinstance(exc, ChannelClosed)
+            detail = self._died(f"no ready line: {exc}", before_ready=True, closed=closed)
             raise Failed("no-ready", detail) from exc
         if message.op != "ready":
             raise Failed("no-ready", f"first line is not the ready line: {message.body}")
@@ -209,7 +210,9 @@ class _Run:
         except ChannelStopped:
             raise
         except ChannelError as exc:
-            raise Failed(self._channel_reason(exc), self._died(f"round {k}: {exc}")) from exc
+            closed = isinstance(exc, ChannelClosed)
+            detail = self._died(f"round {k}: {exc}", closed=closed)
+            raise Failed(self._channel_reason(exc), detail) from exc
         if message.op == "error":
             raise Failed("round-error", f"round {k}: {message.body.get('message', message.body)}")
         if message.op != "done" or message.body.get("k") != k:
@@ -328,12 +331,13 @@ class _Run:
         """The limit is a timeout; any other broken channel a round error (OOM, ENOSPC: later)."""
         return "timeout" if isinstance(exc, ChannelTimeout) else "round-error"
 
-    def _died(self, what: str, before_ready: bool = False) -> str:
+    def _died(self, what: str, before_ready: bool = False, closed: bool = True) -> str:
         """Describe a payload that stopped talking: exit status and its stderr's tail."""
         assert self.proc is not None
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=DIED_WAIT_S)
-        code = self.proc.returncode
+        if closed:  # the output ended: the exit status follows at once
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=DIED_WAIT_S)
+        code = self.proc.poll()
         if code is not None:
             self.fields["exit_code"] = code
             what += f" (launcher exit status {code})"
