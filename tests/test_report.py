@@ -62,9 +62,9 @@ def test_markdown_shows_dash_with_reason_one_line_away(tmp_path: Path) -> None:
         "[1] native / seq-write: env 1 failed (task/oracle-mismatch: out/x); 1 not run under "
         "the first-failure-rule" in md
     )
-    sections = ("Headline", "Task completion per workflow and mode", "Small writes and synchronization",
-                "Ready and the startup range", "Coverage", "Failures and missing observations",
-                "Provenance", "Configuration")  # fmt: skip
+    sections = ("Headline", "Task completion per workflow and mode",
+                "Small writes and synchronization", "Ready and the startup range", "Coverage",
+                "Failures and missing observations", "Provenance", "Configuration")  # fmt: skip
     for section in sections:
         assert section in md
     assert (
