@@ -1,0 +1,117 @@
+"""The runner survives a payload that writes garbage, stalls or dies; stop and removal are safe."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tasks.errors import SandbenchError
+from tasks.records import EnvironmentRecord, EnvironmentSpec
+from worker import quota
+from worker.runner import remove_tree, run_environment
+
+READY = '{"op": "ready"}'
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A work root shared by this module's environments."""
+    return tmp_path_factory.mktemp("channel-work")
+
+
+def spec(root: Path, template: str, **fields: Any) -> EnvironmentSpec:
+    """A command-mode environment of seq-write at scale 0.02 with a shell ``template``."""
+    return EnvironmentSpec(
+        campaign="c-chan", host="local", mode="command", workload="seq-write", env_index=0,
+        scale=0.02, work_root=str(root), mode_options={"template": template}, **fields,
+    )  # fmt: skip
+
+
+def run(root: Path, template: str, **fields: Any) -> tuple[EnvironmentRecord, float]:
+    """Run one environment; the record and the wall time it took."""
+    start = time.monotonic()
+    record = run_environment(spec(root, template, **fields))
+    assert record is not None
+    assert not list((root / "envs").iterdir())
+    return record, time.monotonic() - start
+
+
+def test_garbage_instead_of_ready(root: Path) -> None:
+    """A payload whose first line is not JSON is no-ready at once, not at the limit."""
+    record, took = run(root, "echo 'Traceback: garbage'; exec sleep 61.1", limit_s=30)
+    assert (record.outcome, record.reason) == ("failed", "no-ready")
+    assert "not JSON" in (record.detail or "") and took < 10
+
+
+def test_endless_line_in_a_round(root: Path) -> None:
+    """A payload that floods its output without a newline is a round error, quickly."""
+    template = f"echo '{READY}'; read line; head -c 3000000 /dev/zero; exec sleep 61.2"
+    record, took = run(root, template, limit_s=30)
+    assert (record.outcome, record.reason) == ("failed", "round-error")
+    assert "longer than" in (record.detail or "") and took < 10
+
+
+def test_payload_dies_in_a_round(root: Path) -> None:
+    """A payload killed by a signal mid-round is a round error naming the exit status."""
+    record, _ = run(root, f"echo '{READY}'; read line; kill -9 $$")
+    assert (record.outcome, record.reason) == ("failed", "round-error")
+    assert record.exit_code == -9 and "-9" in (record.detail or "")
+    assert record.rounds == []
+
+
+def test_wrong_answer_in_a_round(root: Path) -> None:
+    """A well-formed but wrong answer (done for another round) is a round error."""
+    template = f"""echo '{READY}'; read line; echo '{{"op": "done", "k": 7}}'; sleep 61.3"""
+    record, _ = run(root, template, limit_s=30)
+    assert (record.outcome, record.reason) == ("failed", "round-error")
+    assert "unexpected answer" in (record.detail or "")
+
+
+def test_stop_kills_cleans_and_returns_none(root: Path) -> None:
+    """Setting the stop event mid-environment kills the tree, removes everything, returns None."""
+    stop = threading.Event()
+    timer = threading.Timer(1.0, stop.set)
+    timer.start()
+    start = time.monotonic()
+    record = run_environment(spec(root, f"echo '{READY}'; exec sleep 61.4"), stop=stop)
+    timer.join()
+    assert record is None and time.monotonic() - start < 10
+    assert not list((root / "envs").iterdir())
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "61.4" in (p.info["cmdline"] or [])]
+    parent = quota.new_cgroup("x")
+    leftovers = [p for p in _cgroup_parent(parent).iterdir() if p.name.startswith("c-chan")]
+    assert leftovers == []
+
+
+def _cgroup_parent(group: quota.Cgroup) -> Path:
+    """The /sandbench directory of the hierarchy that lists processes."""
+    directory = group.dirs["pids"] if hasattr(group, "dirs") else group.dir  # type: ignore[attr-defined]
+    return Path(directory).parent
+
+
+def test_stop_before_start(root: Path) -> None:
+    """A stop event already set means nothing runs and no record is made."""
+    stop = threading.Event()
+    stop.set()
+    assert run_environment(spec(root, "{payload_argv}"), stop=stop) is None
+
+
+def test_removal_refuses_paths_outside_the_work_root(tmp_path: Path) -> None:
+    """remove_tree deletes inside the work root only, even through a symlink."""
+    work_root, outside = tmp_path / "work", tmp_path / "precious"
+    work_root.mkdir()
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    (work_root / "escape").symlink_to(outside)
+    for path in (outside, work_root, work_root / "escape", work_root / ".." / "precious"):
+        with pytest.raises(SandbenchError, match="refusing to delete"):
+            remove_tree(path, work_root)
+    assert (outside / "keep.txt").read_text() == "keep"
+    (work_root / "env" / "deep").mkdir(parents=True)
+    assert remove_tree(work_root / "env", work_root) == []
+    assert not (work_root / "env").exists()
