@@ -65,8 +65,8 @@ TABLE: list[tuple[str, str, str, dict[str, int]]] = [
      {"files": 2048, "dirs": 32, "file_bytes": 4 * KiB}),
     *[(f"ws{ws}-w{w}", "resource",
        f"logical 1 GiB over 4 files, working set {ws} MiB, {w} writer{'s' * (w > 1)}",
-       {"logical_bytes": GiB, "files": 4, "working_set_bytes": ws * MiB, "writers": w,
-        "block_bytes": WS_BLOCK})
+       {"logical_bytes": GiB, "files": 4, "working_set_bytes": ws * MiB,
+        "file_bytes": ws * MiB // 4, "writers": w, "block_bytes": WS_BLOCK})
       for ws, w in ((64, 1), (256, 1), (1024, 1), (256, 4))],
     ("repo-inspect", "workflow",
      "git status, log, grep, diff --stat on a 2,048-file, 200-commit repository after an edit",

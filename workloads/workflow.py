@@ -68,7 +68,12 @@ def build_repo(dest: Path, seed: int, p: Params) -> None:
     repo = dest / "repo"
     repo.mkdir()
     tool([*pl.GIT, "init", "-q", "-b", "main"], repo)
-    tool([*pl.GIT, "fast-import", "--quiet", "--done"], repo, fast_import_stream(seed, p))
+    stream = fast_import_stream(seed, p)  # always one pack, whatever the object count:
+    tool(
+        [*pl.GIT, "-c", "fastimport.unpackLimit=0", "fast-import", "--quiet", "--done"],
+        repo,
+        stream,
+    )
     tool([*pl.GIT, "read-tree", "--reset", "-u", "HEAD"], repo)
     for extra in ("hooks", "logs"):  # sample scripts and reflogs: not part of the workload
         shutil.rmtree(repo / ".git" / extra, ignore_errors=True)
