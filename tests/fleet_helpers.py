@@ -320,3 +320,33 @@ def _toml(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     return json.dumps(value)
+
+
+def slow_mode(name: str, delay_s: float) -> dict[str, Any]:
+    """A command mode that waits ``delay_s`` before starting the payload (room for faults)."""
+    script = f'sleep {delay_s}; exec "$@"'
+    return {"name": name, "template": ["/bin/sh", "-c", script, name, "{payload_argv}"]}
+
+
+def flaky_mode(name: str, flag: Path) -> dict[str, Any]:
+    """A command mode that fails (exit 3, no Ready) until the file ``flag`` exists."""
+    script = f'test -e {flag} || exit 3; exec "$@"'
+    return {"name": name, "template": ["/bin/sh", "-c", script, name, "{payload_argv}"]}
+
+
+def remove_leftover_cgroups(campaign: str) -> None:
+    """Kill and remove environment cgroups of ``campaign`` that a killed worker left behind."""
+    from worker.quota import PARENT_NAME, cgroup_mounts
+
+    for mount in set(cgroup_mounts().values()):
+        parent = mount / PARENT_NAME
+        for group in parent.glob(f"{campaign}*") if parent.is_dir() else []:
+            procs = group / "cgroup.procs"
+            for pid in procs.read_text().split() if procs.exists() else []:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                wait_until(
+                    lambda g=group: not (g / "cgroup.procs").read_text().strip(), 10, "empty"
+                )
+                group.rmdir()
