@@ -179,9 +179,9 @@ def test_timed_out_container_is_gone(dockerd: Dockerd, work_root: Path) -> None:
     """At the limit the container is killed and removed, and none of its processes survive."""
     from worker.runner import run_environment
 
-    # A tenth of one CPU makes round 1 far longer than the limit, container start included.
-    quota = Quota(cpus="0", cpu_quota=0.1)
-    spec = spec_for("create-small", work_root, scale=1.0, limit_s=4.0, quota=quota)
+    # A twentieth of one CPU makes round 1 last about 5 s: the limit falls inside it.
+    quota = Quota(cpus="0", cpu_quota=0.05)
+    spec = spec_for("ws256-w1", work_root, scale=1.0, limit_s=3.5, quota=quota)
     record = run_environment(spec)
     assert record is not None
     assert (record.outcome, record.reason) == ("failed", "timeout"), record.detail

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import tarfile
 import time
@@ -42,6 +41,8 @@ WORKSPACE_IN = "/ws"  # the workspace as the payload sees it
 PAYLOAD_IN = "/sandbench/payload.py"
 LABEL_KEY = "sandbench.env"
 CONTAINER_PREFIX = "sandbench-"
+CHOOM = "/usr/bin/choom"  # util-linux: run a command with an OOM score adjustment
+LAUNCHER_OOM_SCORE_ADJ = 1000  # the docker client dies first when the environment is over
 REMOVE_WAIT_S = 30.0
 REMOVE_POLL_S = 0.1
 # Shell run once in a container at preflight: the tool versions this mode really runs.
@@ -211,8 +212,16 @@ class DockerMode:
         env.state["image_id"] = image["image_id"]
 
     def launcher(self, env: EnvContext) -> list[str]:
-        """``docker start -ai``: attach stdin/stdout, start the container, wait for its exit."""
-        return self.daemon.client("start", "--attach", "--interactive", container_name(env))
+        """``docker start -ai``: attach stdin/stdout, start the container, wait for its exit.
+
+        The client runs in the environment's cgroup and is made the first OOM victim: the
+        environment's memory cgroup then counts the kill (cgroup v1 counts a kill only in the
+        victim's own memory cgroup, and the container's is a child docker removes on exit).
+        """
+        start = self.daemon.client("start", "--attach", "--interactive", container_name(env))
+        if os.path.exists(CHOOM):
+            return [CHOOM, "-n", str(LAUNCHER_OOM_SCORE_ADJ), "--", *start]
+        return start
 
     def sync(self, env: EnvContext, round: int) -> None:
         """Nothing: the workspace is a bind mount; the payload's fsync reaches the host file."""
@@ -227,23 +236,6 @@ class DockerMode:
             self._remove(container_name(env))
         for directory in unmanaged_cgroup_dirs(env.cgroup_path):
             remove_dir(directory)
-
-    def oom_killed(self, env: EnvContext) -> bool:
-        """Whether the kernel OOM-killed a process of the container (valid until cleanup).
-
-        On cgroup v1 the kill is counted in the container's own memory cgroup, a child of the
-        environment's that docker removes when the container stops: only docker still knows.
-        """
-        return bool(self.container_state(env).get("OOMKilled"))
-
-    def container_state(self, env: EnvContext) -> dict[str, Any]:
-        """The container's state as docker reports it (OOMKilled, ExitCode, ...), if it exists."""
-        try:
-            out = self.daemon.run("inspect", "--format", "{{json .State}}", container_name(env))
-        except DockerdError:
-            return {}
-        state: dict[str, Any] = json.loads(out)
-        return state
 
     def _remove(self, name: str) -> None:
         """``docker rm -f`` until the daemon no longer lists the container."""
