@@ -117,9 +117,10 @@ def print_tables(analysis: Analysis, console: Console) -> None:
     """Print every host's main tables (never mixing hosts or cohorts)."""
     for t in analysis.tables:
         for item in tables_for(t):
-            console.print(item, markup=False, highlight=False) if isinstance(
-                item, str
-            ) else console.print(item)
+            if isinstance(item, str):
+                click.echo(item)
+            else:
+                console.print(item)
 
 
 @click.command("run")
