@@ -39,11 +39,18 @@ def payload_argv(workload: str, seed: int, scale: float, root: Path) -> list[str
     ]  # fmt: skip
 
 
-def drive(workload: str, seed: int, scale: float, root: Path, rounds: list[int]) -> Drive:
-    """Run the payload on ``root`` and send the given round numbers, then exit."""
+def drive(
+    workload: str,
+    seed: int,
+    scale: float,
+    root: Path,
+    rounds: list[int],
+    prefix: tuple[str, ...] = (),
+) -> Drive:
+    """Run the payload on ``root`` (after the launcher ``prefix``), send the rounds, then exit."""
     result = Drive()
     with subprocess.Popen(
-        payload_argv(workload, seed, scale, root),
+        [*prefix, *payload_argv(workload, seed, scale, root)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) as proc:  # fmt: skip
         try:
