@@ -111,6 +111,7 @@ class _Run:
         self.proc: subprocess.Popen[bytes] | None = None
         self.original: dict[str, Any] | None = None
         self.prepared = False
+        self.fixture: Path | None = None
 
     # -- the protocol ---------------------------------------------------------------------
     def execute(self, workload: Any) -> Failed | None:
@@ -144,6 +145,7 @@ class _Run:
             fixtures = self.work_root / "fixtures"
             fixture = ensure_fixture(spec.workload, spec.seed, spec.scale, fixtures)
             copy_fixture(fixture, workspace)
+            self.fixture = fixture
         except OSError as exc:
             raise Failed(_os_reason(exc), f"preparing the workspace: {exc}") from exc
         self.cgroup = cgroups.create(name, spec.quota)
@@ -276,7 +278,8 @@ class _Run:
         try:
             from workloads.oracle import compare
 
-            model = workload.model(spec.seed, spec.scale, spec.rounds)
+            # the model starts from the very fixture this workspace was copied from
+            model = workload.model(spec.seed, spec.scale, spec.rounds, fixture=self.fixture)
             mismatches = list(compare(self.mode.result_root(self.env), model))
         except Exception as exc:  # an oracle that cannot even look is a mismatch, with why
             mismatches = [f"oracle could not compare: {exc}"]

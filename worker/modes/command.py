@@ -32,6 +32,8 @@ PLACEHOLDERS = (
 PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 SHELL = "/bin/sh"
 HELPER_TIMEOUT_S = 600.0
+SHELL_BUILTINS = ("cd", "set", "export", "ulimit", "umask", ".", "trap", "{", "(")
+ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 Template = list[str] | str
 
 
@@ -133,10 +135,11 @@ def _fill(text: str, values: dict[str, Any], shell: bool) -> str:
 
 
 def _binary(template: Template) -> str:
-    """The program a template runs (its first word, with {python} resolved)."""
+    """The program a template runs (its first word, with {python} resolved; the shell for
+    a shell string that starts with a builtin such as ``cd``)."""
     if isinstance(template, str):
-        words = shlex.split(template)
-        first = words[0] if words else SHELL
+        words = [w for w in shlex.split(template) if w != "exec" and not ASSIGNMENT.match(w)]
+        first = words[0] if words and words[0] not in SHELL_BUILTINS else SHELL
     else:
         first = template[0]
     return _fill(first, {"python": PAYLOAD_PYTHON, "payload": str(PAYLOAD_PATH)}, shell=False)

@@ -1,8 +1,8 @@
 """``host``: a bubblewrap sandbox with the host root read-only and only the workspace writable.
 
-New mount, pid, ipc, uts and net namespaces; the network namespace has only a loopback, so
-nothing outside is reachable. ``/tmp`` is a private tmpfs (gcc needs a scratch directory;
-writes there vanish with the sandbox and never reach the host).
+New mount, pid, ipc, uts and net namespaces; the network namespace has only its own
+loopback, so nothing outside is reachable. There is no writable scratch (not even ``/tmp``):
+the workloads keep their temporary files in the workspace (the build sets ``TMPDIR``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ NAMESPACE_FLAGS = ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare
 def bwrap_argv(bwrap: str, workspace: str, payload: str) -> list[str]:
     """The bubblewrap options of the host mode for ``workspace`` (everything before ``--``)."""
     return [
-        bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+        bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
         "--ro-bind", payload, payload, "--bind", workspace, workspace,
         *NAMESPACE_FLAGS, "--hostname", "sandbench", "--die-with-parent", "--new-session",
         "--chdir", workspace,
