@@ -41,7 +41,7 @@ def _workload(number: int, name: str, group: str, summary: str) -> Workload:
     """Assemble workload ``name`` from the payload's table and its host-side parts."""
     builder, evolver, ignore, seeded = _PARTS[name]
     assert group in GROUP_NAMES
-    return Workload(name, number, group, summary, builder, evolver, ignore, seeded)  # type: ignore[arg-type]
+    return Workload(name, number, group, summary, builder, evolver, ignore, seeded)
 
 
 WORKLOADS: dict[str, Workload] = {

@@ -81,7 +81,7 @@ def build_repo(dest: Path, seed: int, p: Params) -> None:
 
 def evolve_repo(s: ModelState, seed: int, p: Params, rounds: int) -> None:
     """Round k appended its edit line to one tracked file."""
-    rels, edits = pl.repo_paths(p), {}
+    rels, edits = pl.repo_paths(p), dict[str, bytes]()
     for k in range(1, rounds + 1):
         rel = "repo/" + rels[pl.edited_file(seed, k, p["files"])]
         edits[rel] = edits.get(rel, s.read_fixture(rel)) + pl.edit_line(seed, k)
