@@ -14,12 +14,14 @@ from pathlib import Path
 from tasks.errors import WorkloadError
 from workloads import oracle
 
-DEFAULT_CACHE = Path("/var/tmp/sandbench/fixtures")
+# Bump when a fixture builder changes, so a host's default cache never serves stale fixtures.
+FIXTURE_VERSION = 1
+DEFAULT_CACHE = Path("/var/tmp/sandbench/fixtures") / f"v{FIXTURE_VERSION}"
 CACHE_ENV = "SANDBENCH_FIXTURE_CACHE"
 
 
 def default_cache() -> Path:
-    """The host's fixture cache (``$SANDBENCH_FIXTURE_CACHE`` or /var/tmp/sandbench/fixtures)."""
+    """The host's fixture cache (``$SANDBENCH_FIXTURE_CACHE`` or /var/tmp/sandbench/fixtures/vN)."""
     return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
 
 

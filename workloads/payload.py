@@ -720,6 +720,8 @@ class Session:
             name, seed, scale, root = parse_args(argv)
             p, expected = params(name, scale), 1
             for line in lines:
+                if not line.strip():
+                    continue
                 msg = json.loads(line)
                 if msg.get("op") == "exit":
                     return 0
