@@ -56,6 +56,7 @@ def copy_fixture(src: Path, dest: Path) -> None:
     """Copy the fixture tree ``src`` to the new path ``dest``: symlinks, modes, times, holes."""
     if dest.exists():
         raise WorkloadError(f"copy_fixture: {dest} exists; give a fresh workspace path")
+    dest.parent.mkdir(parents=True, exist_ok=True)
     argv = ["cp", "-a", "--reflink=auto", "--sparse=always", "--", str(src), str(dest)]
     r = subprocess.run(argv, capture_output=True, text=True, check=False)
     if r.returncode != 0:
