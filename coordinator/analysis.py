@@ -83,25 +83,46 @@ def _status(outcome: str, reason: str | None) -> str:
     )
 
 
-def records_frame(records: Sequence[EnvironmentRecord]) -> pd.DataFrame:
-    """One row per record: identity, outcome, Ready, environment task time, validated rounds."""
-    rows = [
-        (r.host, r.cohort, r.mode, r.workload, r.env_index, r.attempt, r.order_index,
-         _status(r.outcome, r.reason), r.failure_class, r.reason, r.detail, r.ready_ms,
-         sum(x.task_s for x in r.rounds) if r.rounds else np.nan,
-         sum(1 for x in r.rounds if x.validated), len(r.rounds), r.superseded, r.campaign)
-        for r in records
-    ]  # fmt: skip
+def _row(r: EnvironmentRecord) -> tuple[Any, ...]:
+    rounds = r.rounds
+    return (
+        r.host, r.cohort, r.mode, r.workload, r.env_index, r.attempt, r.order_index,
+        _status(r.outcome, r.reason), r.failure_class, r.reason, r.detail, r.ready_ms,
+        sum(x.task_s for x in rounds) if rounds else np.nan,
+        sum(1 for x in rounds if x.validated), len(rounds), r.superseded, r.campaign,
+    )  # fmt: skip
+
+
+def _dict_row(r: dict[str, Any]) -> tuple[Any, ...]:
+    rounds = r.get("rounds") or []
+    return (
+        r["host"], r.get("cohort", "default"), r["mode"], r["workload"], r["env_index"],
+        r.get("attempt", 1), r.get("order_index", 0), _status(r["outcome"], r.get("reason")),
+        r.get("failure_class"), r.get("reason"), r.get("detail"), r.get("ready_ms"),
+        sum(x["task_s"] for x in rounds) if rounds else np.nan,
+        sum(1 for x in rounds if x["validated"]), len(rounds), r.get("superseded", False),
+        r["campaign"],
+    )  # fmt: skip
+
+
+def records_frame(records: Sequence[EnvironmentRecord] | Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """One row per record (model or its JSON dict): identity, outcome, Ready, task time, rounds."""
+    rows = [_dict_row(r) if isinstance(r, dict) else _row(r) for r in records]
     cols = [*ENV_KEYS, "order_index", "status", "failure_class", "reason", "detail", "ready_ms",
             "task_s", "valid_rounds", "rounds", "superseded_flag", "campaign"]  # fmt: skip
     df = pd.DataFrame(rows, columns=cols)
     return df.astype({"ready_ms": float, "task_s": float, "superseded_flag": bool})
 
 
-def planned_frame(planned: Sequence[EnvironmentSpec]) -> pd.DataFrame:
-    """One row per planned environment."""
-    rows = [(s.host, s.cohort, s.mode, s.workload, s.env_index, s.attempt, s.order_index)
-            for s in planned]  # fmt: skip
+def planned_frame(planned: Sequence[EnvironmentSpec] | Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """One row per planned environment (specs or their stored JSON dicts)."""
+    rows = [
+        (s["host"], s.get("cohort", "default"), s["mode"], s["workload"], s["env_index"],
+         s.get("attempt", 1), s.get("order_index", 0))
+        if isinstance(s, dict)
+        else (s.host, s.cohort, s.mode, s.workload, s.env_index, s.attempt, s.order_index)
+        for s in planned
+    ]  # fmt: skip
     return pd.DataFrame(rows, columns=[*ENV_KEYS, "order_index"])
 
 
@@ -160,37 +181,52 @@ def _reason(g: pd.DataFrame, n: int) -> str:
     return "; ".join(parts)
 
 
-def _cell_row(
-    key: tuple[Any, ...], g: pd.DataFrame, groups: dict[str, str], seed: int
-) -> dict[str, Any]:
-    n = len(g)
-    counts = g["status"].value_counts()
-    complete = counts.get("passed", 0) == n
-    status = "complete" if complete else "incomplete"
-    if counts.get("not-run-preflight", 0):
-        status = "preflight-failed"
-    sums = g.sort_values("env_index")["task_s"].to_numpy(dtype=float)
-    row: dict[str, Any] = dict(zip(CELL_KEYS, key, strict=True))
-    row |= {
-        "group": groups.get(key[3], ""), "attempt": int(g["attempt"].iloc[0]), "status": status,
-        "reason": _reason(g, n), "planned": n,
-        "ran": int(counts.get("passed", 0) + counts.get("failed", 0)),
-        "passed": int(counts.get("passed", 0)), "failed": int(counts.get("failed", 0)),
-        "not_run_rule": int(counts.get("not-run-rule", 0)),
-        "not_run_preflight": int(counts.get("not-run-preflight", 0)),
-        "pending": int(counts.get("pending", 0)), "valid_rounds": int(g["valid_rounds"].sum()),
-        "task_s_median": np.nan, "task_s_ci_low": np.nan, "task_s_ci_high": np.nan,
-        "task_s_p95": np.nan, "ready_ms_median": np.nan,
-        "env_task_s": ";".join(f"{v:.6f}" for v in sums if not np.isnan(v)),
-    }  # fmt: skip
-    if complete:
-        row["task_s_median"] = float(np.median(sums))
-        row["ready_ms_median"] = float(np.median(g["ready_ms"].to_numpy(dtype=float)))
-        if n >= CI_MIN_N:
-            row["task_s_ci_low"], row["task_s_ci_high"] = bootstrap_ci(sums, _seed(seed, key))
-        if n >= P95_MIN_N:
-            row["task_s_p95"] = float(np.percentile(sums, 95))
-    return row
+STATUS_COLUMNS = {
+    "passed": "passed", "failed": "failed", "not-run-rule": "not_run_rule",
+    "not-run-preflight": "not_run_preflight", "pending": "pending",
+}  # fmt: skip
+
+
+def _cells(env: pd.DataFrame, groups: dict[str, str], seed: int) -> pd.DataFrame:
+    """One row per cell, computed per group with vectorized aggregations."""
+    flags = pd.DataFrame({col: env["status"] == st for st, col in STATUS_COLUMNS.items()})
+    env = pd.concat([env, flags], axis=1)
+    env = env.assign(_fmt=[f"{v:.6f}" if v == v else "" for v in env["task_s"]])
+    g = env.groupby(CELL_KEYS, sort=False)
+    cells = g[list(STATUS_COLUMNS.values())].sum().astype(int)
+    cells["planned"] = g.size()
+    cells["attempt"] = g["attempt"].first()
+    cells["valid_rounds"] = g["valid_rounds"].sum()
+    cells["ran"] = cells["passed"] + cells["failed"]
+    complete = cells["passed"] == cells["planned"]
+    cells["status"] = np.where(complete, "complete", "incomplete")
+    cells.loc[cells["not_run_preflight"] > 0, "status"] = "preflight-failed"
+    cells["task_s_median"] = g["task_s"].median().where(complete)
+    cells["ready_ms_median"] = g["ready_ms"].median().where(complete)
+    by_index = env.sort_values("env_index", kind="stable").groupby(CELL_KEYS, sort=False)
+    cells["env_task_s"] = by_index["_fmt"].agg(lambda v: ";".join(x for x in v if x))
+    cells = cells.reset_index()
+    cells["group"] = cells["workload"].map(lambda w: groups.get(w, ""))
+    cells["reason"] = ""
+    for col in ("task_s_ci_low", "task_s_ci_high", "task_s_p95"):
+        cells[col] = np.nan
+    _fill_per_cell(cells, g, seed)
+    return cells[CELL_COLUMNS]
+
+
+def _fill_per_cell(cells: pd.DataFrame, g: Any, seed: int) -> None:
+    """Reasons of incomplete cells and the tails of complete cells with enough environments."""
+    for i, row in cells.iterrows():
+        key = tuple(row[k] for k in CELL_KEYS)
+        if row["status"] != "complete":
+            cells.at[i, "reason"] = _reason(g.get_group(key), int(row["planned"]))
+        elif row["planned"] >= CI_MIN_N:
+            sums = g.get_group(key).sort_values("env_index")["task_s"].to_numpy(dtype=float)
+            cells.at[i, "task_s_ci_low"], cells.at[i, "task_s_ci_high"] = bootstrap_ci(
+                sums, _seed(seed, key)
+            )
+            if row["planned"] >= P95_MIN_N:
+                cells.at[i, "task_s_p95"] = float(np.percentile(sums, 95))
 
 
 def _startup(env: pd.DataFrame) -> pd.DataFrame:
@@ -218,8 +254,7 @@ def _host_tables(
     host: str, cohort: str, env: pd.DataFrame, raw: pd.DataFrame, seed: int
 ) -> HostTables:
     groups = workload_groups()
-    rows = [_cell_row(k, g, groups, seed) for k, g in env.groupby(CELL_KEYS, sort=False)]
-    cells = pd.DataFrame(rows, columns=CELL_COLUMNS)
+    cells = _cells(env, groups, seed)
     failures = env[env["status"] == "failed"][
         [
             "mode",
@@ -252,19 +287,20 @@ def _order(env: pd.DataFrame, mode_order: list[str], workload_order: list[str]) 
 
 
 def analyze(
-    records: Sequence[EnvironmentRecord],
+    records: Sequence[EnvironmentRecord] | Sequence[dict[str, Any]],
     planned: Sequence[EnvironmentSpec] | Any,
     *,
     seed: int | None = None,
 ) -> Analysis:
     """Per-host, per-cohort tables from ``records`` against the ``planned`` environments."""
-    specs: Sequence[EnvironmentSpec] = getattr(planned, "specs", planned)
+    # a stored campaign: its raw environment dicts (validating every spec is slow at 100k)
+    specs: Sequence[Any] = getattr(planned, "environments", planned)
     if seed is None:
-        seed = specs[0].seed if specs else 0
+        seed = _campaign_seed(planned, specs)
     plan_df, raw = planned_frame(specs), records_frame(records)
     raw = _mark_superseded(plan_df, raw)
     env = _current(plan_df, raw)
-    mode_order = _mode_order(planned, specs)
+    mode_order = _mode_order(planned, plan_df["mode"])
     env = _order(env, mode_order, list(workload_groups()) or sorted(env["workload"].unique()))
     tables = [
         _host_tables(host, cohort, g, raw, seed)
@@ -273,11 +309,20 @@ def analyze(
     return Analysis(tables, raw)
 
 
-def _mode_order(planned: Any, specs: Sequence[EnvironmentSpec]) -> list[str]:
+def _campaign_seed(planned: Any, specs: Sequence[Any]) -> int:
+    """The plan's seed (it seeds the bootstrap), from a stored campaign or the specs."""
+    plan = getattr(planned, "plan", None)
+    if isinstance(plan, dict):
+        return int(plan.get("seed", 0))
+    first = specs[0] if specs else {}
+    return int(first.get("seed", 0) if isinstance(first, dict) else first.seed)
+
+
+def _mode_order(planned: Any, modes: pd.Series) -> list[str]:
     """Modes in the order the plan named them (a campaign's plan), else the built-in order."""
     plan = getattr(planned, "plan", None)
     if isinstance(plan, dict) and plan.get("modes"):
         return [m if isinstance(m, str) else m["name"] for m in plan["modes"]]
     from worker.modes import BUILTIN_MODES
 
-    return [*BUILTIN_MODES, *sorted({s.mode for s in specs} - set(BUILTIN_MODES))]
+    return [*BUILTIN_MODES, *sorted(set(modes) - set(BUILTIN_MODES))]

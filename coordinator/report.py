@@ -359,7 +359,10 @@ def write_results_csv(store: Store, campaign_id: str, analysis: Analysis) -> lis
 def write_report(store: Store, campaign_id: str) -> dict[str, Any]:
     """Rebuild every derived file of a campaign from its raw records; returns their paths."""
     campaign = store.load_campaign(campaign_id)
-    analysis = analyze(store.records(campaign_id), campaign)
+    try:
+        analysis = analyze(store.record_dicts(campaign_id), campaign)
+    except (KeyError, TypeError):  # a damaged record: the validating path says which line
+        analysis = analyze(store.records(campaign_id), campaign)
     root = store.campaign_dir(campaign_id)
     csvs = write_results_csv(store, campaign_id, analysis)
     blocks = campaign_blocks(store, campaign, analysis, root / "plots")

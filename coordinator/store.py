@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +47,15 @@ class Campaign:
     id: str
     plan_text: str
     plan: dict[str, Any]  # the validated plan as JSON (see ``coordinator.plan.Plan``)
-    specs: list[EnvironmentSpec]
+    environments: list[dict[str, Any]]  # planned environments as stored (JSON)
     created_at: str
     hosts: list[str]
     notes: list[str] = field(default_factory=list)
+
+    @cached_property
+    def specs(self) -> list[EnvironmentSpec]:
+        """Every planned environment, validated."""
+        return [EnvironmentSpec.model_validate(e) for e in self.environments]
 
     def spec_by_key(self) -> dict[str, EnvironmentSpec]:
         """Planned environments by idempotency key."""
@@ -180,7 +186,7 @@ class Store:
             id=doc["campaign"],
             plan_text=(cdir / PLAN_FILE).read_text(),
             plan=doc["plan"],
-            specs=[EnvironmentSpec.model_validate(e) for e in doc["environments"]],
+            environments=doc["environments"],
             created_at=doc["created_at"],
             hosts=list(doc["hosts"]),
             notes=list(doc.get("notes", [])),
@@ -284,22 +290,36 @@ class Store:
 
     def append_record(self, record: EnvironmentRecord) -> bool:
         """Append ``record`` unless its (environment, attempt) is already stored; True if added."""
-        path = self.records_path(record.campaign, record.host)
-        if not self.campaign_dir(record.campaign).is_dir():
-            raise StoreError(f"record for unknown campaign '{record.campaign}' under {self.root}")
+        return self.append_records([record]) == 1
+
+    def append_records(self, records: list[EnvironmentRecord]) -> int:
+        """Append every record whose key is absent (one host, one campaign); returns how many."""
+        if not records:
+            return 0
+        first = records[0]
+        if any((r.campaign, r.host) != (first.campaign, first.host) for r in records):
+            raise StoreError("append_records takes the records of one campaign and one host")
+        if not self.campaign_dir(first.campaign).is_dir():
+            raise StoreError(f"record for unknown campaign '{first.campaign}' under {self.root}")
+        path = self.records_path(first.campaign, first.host)
         path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps(record.to_json_dict(), separators=(",", ":"), sort_keys=True) + "\n"
         with open(path.with_name(RECORDS_FILE + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             keys = self._keys(path)
-            if record.key() in keys:
-                return False
-            with open(path, "a") as f:
-                f.write(line)
-                f.flush()
-                os.fsync(f.fileno())
-            keys.add(record.key())
-        return True
+            lines = []
+            for r in records:
+                if r.key() not in keys:
+                    keys.add(r.key())
+                    lines.append(
+                        json.dumps(r.to_json_dict(), separators=(",", ":"), sort_keys=True)
+                    )
+            if lines:
+                with open(path, "a") as f:
+                    f.write("\n".join(lines) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                self._index[path] = (path.stat().st_size, keys)
+        return len(lines)
 
     def raw_lines(self, campaign_id: str, host: str | None = None) -> Iterator[RawLine]:
         """Every stored record line, unparsed, host by host."""
@@ -311,6 +331,19 @@ class Store:
                 for n, text in enumerate(f, start=1):
                     if text.strip():
                         yield RawLine(h, n, text)
+
+    def record_dicts(self, campaign_id: str, host: str | None = None) -> list[dict[str, Any]]:
+        """Every stored record as its JSON dict, unvalidated (fast path for the statistics)."""
+        out = []
+        for raw in self.raw_lines(campaign_id, host):
+            try:
+                out.append(json.loads(raw.text))
+            except ValueError as exc:
+                raise StoreError(
+                    f"{self.records_path(campaign_id, raw.host)} line {raw.lineno}: not JSON; "
+                    f"run 'sandbench verify {campaign_id}'"
+                ) from exc
+        return out
 
     def records(self, campaign_id: str, host: str | None = None) -> list[EnvironmentRecord]:
         """Every stored record of a campaign (or one host), in file order."""
