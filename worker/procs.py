@@ -14,7 +14,7 @@ from worker.quota import Cgroup
 REAP_WAIT_S = 5.0
 
 
-def kill_process(proc: subprocess.Popen[bytes], cgroup: Cgroup | None = None) -> None:
+def kill_process(proc: subprocess.Popen[Any], cgroup: Cgroup | None = None) -> None:
     """SIGKILL ``proc``'s cgroup (whole tree) or session, then reap ``proc``."""
     if cgroup is not None:
         cgroup.kill()
@@ -26,7 +26,7 @@ def kill_process(proc: subprocess.Popen[bytes], cgroup: Cgroup | None = None) ->
     proc.wait(timeout=REAP_WAIT_S)
 
 
-def close_pipes(proc: subprocess.Popen[bytes]) -> None:
+def close_pipes(proc: subprocess.Popen[Any]) -> None:
     """Close the pipes to and from ``proc`` (ignoring a peer that already went away)."""
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe is not None:
@@ -37,7 +37,7 @@ def close_pipes(proc: subprocess.Popen[bytes]) -> None:
 @contextlib.contextmanager
 def owned_process(
     argv: Sequence[str], cgroup: Cgroup | None = None, **popen: Any
-) -> Iterator[subprocess.Popen[bytes]]:
+) -> Iterator[subprocess.Popen[Any]]:
     """Spawn ``argv`` in its own session (joining ``cgroup`` before exec); kill and reap on exit."""
     if cgroup is not None:
         popen["preexec_fn"] = cgroup.preexec()
@@ -59,7 +59,9 @@ def run_owned(
     """Run a short helper command to completion (text output), killing it past ``timeout_s``."""
     popen.setdefault("stdout", subprocess.PIPE)
     popen.setdefault("stderr", subprocess.PIPE)
-    with owned_process(argv, text=True, **popen) as proc:  # type: ignore[call-overload]
+    with owned_process(argv, text=True, **popen) as proc:
+        out: str
+        err: str
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -124,6 +124,8 @@ class _Run:
             self._prepare()
             self._launch_and_drive()
             self._account()
+            if self.fields.get("oom"):  # the quota was exceeded, even if the task recovered
+                raise Failed("oom", "a process of the environment was OOM-killed")
             self._check_result(workload)
         except Failed as failure:
             self._account()

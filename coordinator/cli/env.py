@@ -92,7 +92,7 @@ def _run_interruptible(spec: EnvironmentSpec) -> EnvironmentRecord | None:
 
 def summary(record: EnvironmentRecord) -> str:
     """A few human-readable lines about one record."""
-    verdict = record.outcome
+    verdict: str = record.outcome
     if record.reason:
         verdict += f" ({record.failure_class}: {record.reason})"
     ready = f"{record.ready_ms:.1f} ms" if record.ready_ms is not None else "-"
