@@ -21,7 +21,7 @@ from celery import Celery
 from pydantic import ValidationError
 
 from coordinator.registry import HostRegistry
-from coordinator.store import Store
+from coordinator.store import CAMPAIGN_FILE, Campaign, Store
 from tasks.app import COORDINATOR_QUEUE, DEFAULT_VISIBILITY_TIMEOUT_S, VISIBILITY_TIMEOUT_ENV
 from tasks.errors import RecordRejected, StoreError
 from tasks.fleet import ALIVE_KEY, STARTED_KEY, TASK_FINALIZE, redis_client
@@ -87,9 +87,27 @@ def read_lost(path: Path) -> dict[str, str]:
     return {d["key"]: d["reason"] for d in lines}
 
 
+_CAMPAIGNS: dict[tuple[str, str], tuple[float, Campaign]] = {}
+
+
+def load_campaign(store: Store, campaign: str) -> Campaign:
+    """``store.load_campaign``, parsed again only when campaign.json changed."""
+    path = store.campaign_dir(campaign) / CAMPAIGN_FILE
+    try:
+        mtime = path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return store.load_campaign(campaign)  # raises the store's own error
+    slot = (str(store.root), campaign)
+    cached = _CAMPAIGNS.get(slot)
+    if cached is None or cached[0] != mtime:
+        cached = (mtime, store.load_campaign(campaign))
+        _CAMPAIGNS[slot] = cached
+    return cached[1]
+
+
 def host_progress(store: Store, campaign: str, host: str) -> HostProgress:
     """Planned versus received environments of ``host`` in ``campaign``, from the store."""
-    planned = store.load_campaign(campaign).host_specs(host)
+    planned = load_campaign(store, campaign).host_specs(host)
     records = {r.key(): r for r in store.records(campaign, host)}
     lost = read_lost(store.host_dir(campaign, host) / LOST_FILE)
     return HostProgress(host, planned, records, {k: v for k, v in lost.items() if k not in records})
@@ -116,7 +134,7 @@ class Coordinator:
         """Raise ``RecordRejected`` unless ``record`` is signed by its host and was planned."""
         verify_record(record, self.registry)
         try:
-            planned = self.store.load_campaign(record.campaign).spec_by_key()
+            planned = load_campaign(self.store, record.campaign).spec_by_key()
         except StoreError as exc:
             raise RecordRejected(f"{record.key()}: {exc}") from exc
         if record.key() not in planned:

@@ -52,6 +52,18 @@ def redis_client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, retry=retry, socket_timeout=10, decode_responses=True)
 
 
+_CLIENTS: dict[tuple[int, str], redis.Redis] = {}
+_KEYS: dict[str, HostKey] = {}
+
+
+def process_client(url: str) -> redis.Redis:
+    """This process's Redis client for ``url`` (a forked pool child gets its own)."""
+    slot = (os.getpid(), url)
+    if slot not in _CLIENTS:
+        _CLIENTS[slot] = redis_client(url)
+    return _CLIENTS[slot]
+
+
 def cell_failed_key(spec: EnvironmentSpec) -> str:
     """Redis key of the first-failure flag of ``spec``'s cell in ``spec``'s attempt."""
     return CELL_FAILED_KEY.format(
@@ -158,8 +170,10 @@ def run_guarded(spec: EnvironmentSpec, host: str, work_root: Path) -> Environmen
 
 def sign(record: EnvironmentRecord) -> EnvironmentRecord:
     """``record`` signed with this host's key from ``$SANDBENCH_HOME/host.key``."""
-    key = HostKey.load_or_create(default_key_path(), name=record.host)
-    return sign_record(record, key)
+    path = default_key_path()
+    if str(path) not in _KEYS:
+        _KEYS[str(path)] = HostKey.load_or_create(path, name=record.host)
+    return sign_record(record, _KEYS[str(path)])
 
 
 def execute(client: redis.Redis, spec: EnvironmentSpec, sent_at: float | None) -> dict[str, Any]:
@@ -199,7 +213,7 @@ def register_tasks(app: Celery) -> None:
     @app.task(name=TASK_RUN, bind=True)
     def run_environment(self: Task, spec: dict[str, Any], sent_at: float | None = None) -> Any:
         """Run one environment on this host and hand its signed record to the coordinator."""
-        client = redis_client(self.app.conf.broker_url)
+        client = process_client(self.app.conf.broker_url)
         payload = execute(client, EnvironmentSpec.model_validate(spec), sent_at)
         if "duplicate" in payload:
             return payload

@@ -55,7 +55,10 @@ def wait_until(check: Callable[[], T], timeout: float, what: str, interval: floa
 class RedisServer:
     """A redis-server on a free port in a private directory, append-only, with a password."""
 
-    def __init__(self, directory: Path, binds: list[str] | None = None) -> None:
+    def __init__(
+        self, directory: Path, binds: list[str] | None = None, appendfsync: str = "always"
+    ) -> None:
+        self.appendfsync = appendfsync  # tests: always (a kill loses nothing); ops: everysec
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -69,7 +72,7 @@ class RedisServer:
     def start(self) -> None:
         """Start the server and wait until it answers PING."""
         argv = ["redis-server", "--port", str(self.port), "--bind", *self.binds,
-                "--dir", str(self.dir), "--appendonly", "yes", "--appendfsync", "always",
+                "--dir", str(self.dir), "--appendonly", "yes", "--appendfsync", self.appendfsync,
                 "--save", "", "--requirepass", REDIS_PASSWORD, "--protected-mode", "no",
                 "--logfile", str(self.dir / "redis.log")]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
