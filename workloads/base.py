@@ -101,6 +101,7 @@ class Workload:
     def build_fixture(self, dest: Path, seed: int, scale: float) -> None:
         """Create ``dest`` (which must not exist) holding the fixture for (seed, scale)."""
         p = self.params(scale)
+        dest.parent.mkdir(parents=True, exist_ok=True)
         dest.mkdir()
         self.builder(dest, seed, p)
 
