@@ -51,11 +51,11 @@ def task_time_bars(
                 ax.text(
                     xi + i * width - BAR_WIDTH / 2 + width / 2, 0, "—", ha="center", va="bottom"
                 )
-    ax.set_xticks(x, table.index)
+    ax.set_xticks(x, table.index, rotation=20, ha="right")
     ax.set_ylabel("median environment task time (s)")
     ax.set_title(f"{title} — host {t.host}, cohort {t.cohort} ('—' = incomplete)")
     ax.legend(fontsize=7, ncols=min(len(table.columns), 5))
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.2, top=0.9)
     return _save(fig, stem)
 
 
@@ -76,7 +76,7 @@ def startup_range(t: HostTables, stem: Path) -> tuple[Path, Path] | None:
     ax.set_xscale("log")
     ax.set_xlabel("Ready (ms): min / median / max over passed environments")
     ax.set_title(f"Startup range — host {t.host}, cohort {t.cohort}")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.14, right=0.98, bottom=0.18, top=0.88)
     return _save(fig, stem)
 
 
@@ -92,11 +92,11 @@ def relative_heatmap(t: HostTables, workloads: list[str], stem: Path) -> tuple[P
     fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 1.0 + 0.32 * len(ratio.index)))
     im = ax.imshow(np.log10(ratio.to_numpy(dtype=float)), aspect="auto", cmap="viridis")
     for (i, j), v in np.ndenumerate(ratio.to_numpy(dtype=float)):
-        ax.text(j, i, "—" if np.isnan(v) else f"{v:.2g}x", ha="center", va="center", fontsize=7,
-                color="black" if np.isnan(v) else "white")  # fmt: skip
+        if np.isnan(v):  # incomplete: say so instead of leaving a blank that reads as "fast"
+            ax.text(j, i, "—", ha="center", va="center", fontsize=8)
     ax.set_xticks(range(len(ratio.columns)), ratio.columns)
     ax.set_yticks(range(len(ratio.index)), ratio.index)
-    ax.set_title(f"Task time / fastest complete mode — host {t.host}, cohort {t.cohort}")
+    ax.set_title(f"Task time / fastest complete mode (log10) — host {t.host}, cohort {t.cohort}")
     fig.colorbar(im, ax=ax, label="log10 ratio")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.14, right=0.98, bottom=0.12, top=0.92)
     return _save(fig, stem)
