@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,3 +99,26 @@ def test_registry_refuses_a_changed_key(tmp_path: Path) -> None:
     with pytest.raises(HostKeyError, match="not an Ed25519 public key"):
         reg.add("lab-c", "not-base64!")
     assert reg.names() == ["lab-a"] and reg.public_key("lab-a") == key.public_b64()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "coordinator", *args], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+
+
+def test_host_init_is_idempotent_and_hosts_add_list(tmp_path: Path) -> None:
+    """`host init` makes one key and trusts it; again it changes nothing; `hosts add/list` work."""
+    home = tmp_path / "home"
+    first = _cli("host", "init", "--home", str(home), "--name", "lab-a")
+    assert first.returncode == 0 and "new host key" in first.stdout
+    key = (home / "host.key").read_bytes()
+    quiet = _cli("host", "init", "--home", str(home), "--quiet")
+    assert quiet.returncode == 0 and quiet.stdout == "" and (home / "host.key").read_bytes() == key
+    pub = HostKey.load(home / "host.key").public_b64()
+    reg = str(home / "hosts.json")
+    other = HostKey.generate("lab-b").public_b64()
+    assert "added: lab-b" in _cli("hosts", "add", "lab-b", other, "--registry", reg).stdout
+    listed = _cli("hosts", "list", "--registry", reg).stdout
+    assert f"lab-a  {pub}" in listed and f"lab-b  {other}" in listed
+    bad = _cli("hosts", "add", "lab-b", HostKey.generate("x").public_b64(), "--registry", reg)
+    assert bad.returncode == 2 and "already registered with another key" in bad.stderr
