@@ -18,7 +18,12 @@ from tests.conftest import REPO, require_binary
 from worker import quota as cgroups
 from worker.dockerd import DOCKERD_ENV, STATE_DIR_ENV, Dockerd
 from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo
-from worker.modes.docker import DockerMode, container_name, unmanaged_cgroup_dirs
+from worker.modes.docker import (
+    PAYLOAD_IN,
+    DockerMode,
+    container_name,
+    unmanaged_cgroup_dirs,
+)
 from workloads.payload import TABLE
 
 pytestmark = pytest.mark.docker
@@ -179,17 +184,20 @@ def test_timed_out_container_is_gone(dockerd: Dockerd, work_root: Path) -> None:
     """At the limit the container is killed and removed, and none of its processes survive."""
     from worker.runner import run_environment
 
-    # A twentieth of one CPU makes round 1 last about 5 s: the limit falls inside it.
+    # A twentieth of one CPU stretches each round to about 5 s of wall time (CPU-bound, so
+    # never faster): the limit falls after Ready and long before the third round ends.
     quota = Quota(cpus="0", cpu_quota=0.05)
-    spec = spec_for("ws256-w1", work_root, scale=1.0, limit_s=3.5, quota=quota)
+    spec = spec_for("ws256-w1", work_root, scale=1.0, limit_s=5.0, quota=quota, seed=4242)
     record = run_environment(spec)
     assert record is not None
     assert (record.outcome, record.reason) == ("failed", "timeout"), record.detail
+    assert record.ready_ms is not None, "the container was running when the limit came"
     assert_no_containers(dockerd)
+    ours = f"{PAYLOAD_IN} --workload ws256-w1 --seed 4242 "  # this test's payload, no other
     leftovers = [
         p.info
         for p in psutil.process_iter(["pid", "cmdline"])
-        if "/sandbench/payload.py" in " ".join(p.info["cmdline"] or [])
+        if ours in " ".join(p.info["cmdline"] or [])
     ]
     assert not leftovers, f"container processes survived: {leftovers}"
 
@@ -210,6 +218,17 @@ def test_cleanup_twice_and_stale_container(dockerd: Dockerd, tmp_path: Path) -> 
         mode.cleanup(env)
         cgroup.remove()
     assert_no_containers(dockerd)
+
+
+def test_daemon_that_cannot_start_fails_preflight(tmp_path: Path) -> None:
+    """A dockerd that dies while starting fails preflight with the daemon's own words."""
+    broken = tmp_path / "dockerd"
+    broken.write_text("#!/bin/sh\necho 'failed to start daemon: pid file found' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    daemon = Dockerd(state_dir=tmp_path / "state", dockerd=str(broken))
+    verdict = DockerMode(daemon).preflight(HostInfo())
+    assert not verdict.ok
+    assert "dockerd exited while starting" in verdict.reason and "pid file found" in verdict.reason
 
 
 def test_missing_dockerd_fails_preflight(tmp_path: Path) -> None:
