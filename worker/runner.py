@@ -163,7 +163,10 @@ class _Run:
     def _launch_and_drive(self) -> None:
         """Marker, spawn, Ready, rounds, exit, all within the limit from the marker."""
         assert self.env is not None and self.cgroup is not None
-        argv = self.mode.launcher(self.env)
+        try:
+            argv = self.mode.launcher(self.env)
+        except Exception as exc:  # a mode that cannot say what to launch cannot start
+            raise Failed("launcher-error", f"mode launcher: {exc}") from exc
         preexec = self.cgroup.preexec()
         with open(self.env.env_dir / STDERR_FILE, "wb") as stderr:
             t0 = time.monotonic_ns()
