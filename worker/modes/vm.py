@@ -110,7 +110,6 @@ class VmMode:
             vcpus=env.spec.vm.vcpus,
             memory_mib=env.spec.vm.memory_mib,
             ctl_pipe=self._make_ctl(env) if self.guest_sync else None,
-            extra_kernel_args=["pci=off"] if self.machine == "microvm" else [],
         )
         self._attach_workspace(env, config)
         env.state["vm_config"] = config
