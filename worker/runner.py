@@ -70,6 +70,7 @@ def run_environment(
 
     mode = get_mode(spec.mode, spec.mode_options)
     workload = get_workload(spec.workload)
+    workload.check_rounds(spec.rounds)  # bad input: more rounds than fixtures prepare
     run = _Run(spec, mode, host or HostInfo(), stop)
     try:
         failure = run.execute(workload)
@@ -112,6 +113,7 @@ class _Run:
         self.original: dict[str, Any] | None = None
         self.prepared = False
         self.fixture: Path | None = None
+        self.problems: list[str] = []  # cleanup trouble, noted in the provenance
 
     # -- the protocol ---------------------------------------------------------------------
     def execute(self, workload: Any) -> Failed | None:
@@ -269,7 +271,7 @@ class _Run:
     def _account(self) -> None:
         """Kill what is left, then read CPU time, peak memory and OOM kills from the cgroup."""
         if self.proc is not None:
-            kill_process(self.proc, self.cgroup)
+            self._kill()
             self.fields.setdefault("exit_code", self.proc.returncode)
         if self.cgroup is not None:
             self.fields["cpu_s"] = self.cgroup.cpu_seconds()
@@ -364,6 +366,14 @@ class _Run:
             return f"; stderr: {tail}" if tail else ""
         return ""
 
+    def _kill(self) -> None:
+        """Kill the launcher's tree and reap it; a tree that will not die is noted, not raised."""
+        assert self.proc is not None
+        try:
+            kill_process(self.proc, self.cgroup)
+        except (SandbenchError, subprocess.TimeoutExpired) as exc:
+            self.problems.append(f"kill: {exc}")
+
     def _check_stop(self) -> None:
         """Raise Stopped when the caller asked to stop."""
         if self.stop is not None and self.stop.is_set():
@@ -375,9 +385,9 @@ class _Run:
         Problems are noted in the record's provenance (``cleanup``); a path outside the work
         root is never deleted (that raises: it is a bug, not a benchmark result).
         """
-        problems: list[str] = []
+        problems = self.problems
         if self.proc is not None:
-            kill_process(self.proc, self.cgroup)
+            self._kill()
             close_pipes(self.proc)
         if self.prepared and self.env is not None:
             try:
