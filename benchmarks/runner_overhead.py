@@ -143,13 +143,13 @@ def main() -> None:
     parser.add_argument("--ready-envs", type=int, default=7)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="sandbench-overhead-", dir="/var/tmp"))
-    print("load average at start: %.1f %.1f %.1f" % os.getloadavg())
+    print("load average at start: {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
     try:
         overhead(args.scale, args.envs, args.rounds, root)
         ready(args.ready_envs, root)
     finally:
         shutil.rmtree(root)
-    print("load average at end: %.1f %.1f %.1f" % os.getloadavg())
+    print("load average at end: {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
 
 
 if __name__ == "__main__":
