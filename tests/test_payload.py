@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from workloads.drive import PAYLOAD, drive, native_environment, payload_argv
 from workloads.registry import WORKLOADS
 
 SEED = 11
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +125,26 @@ def test_tools_without_home(name: str, cache: Path, tmp_path: Path) -> None:
     answers = [json.loads(line) for line in lines]
     assert [a["op"] for a in answers] == ["ready", "done", "done"] and code == 0
     assert all(a["validated"] for a in answers[1:])
+
+
+def test_import_has_no_side_effects() -> None:
+    """Importing the payload on the host writes nothing and reads no stdin."""
+    code = "import workloads.payload as p; assert len(p.ROUNDS) == 19"
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        input="",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+
+
+def test_repeated_edit_rebuilds(cache: Path, tmp_path: Path) -> None:
+    """With one unit every round re-edits it, and each rebuilt binary shows the new value."""
+    assert WORKLOADS["incremental-build"].params(0.01)["units"] == 1
+    ws = tmp_path / "ws"
+    fixtures.copy_fixture(fixtures.ensure_fixture("incremental-build", SEED, 0.01, cache), ws)
+    result = drive("incremental-build", SEED, 0.01, ws, list(range(1, 6)))
+    assert result.ok and len(result.lines) == 6, result.lines

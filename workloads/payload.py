@@ -631,6 +631,7 @@ def incremental_build(root: str, seed: int, p: dict[str, int], k: int) -> tuple[
     fd = os.open(src, os.O_WRONLY | os.O_TRUNC)
     try:
         os.write(fd, data)
+        _newer_than(fd, os.path.join(proj, "obj", f"u{unit:02d}.o"))
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -644,6 +645,20 @@ def incremental_build(root: str, seed: int, p: dict[str, int], k: int) -> tuple[
         values[u] = v
     want = [f"unit {u:02d} value {v}" for u, v in sorted(values.items())]
     return hashlib.sha256(out.encode()).hexdigest(), out.splitlines()[: p["units"]] == want
+
+
+def _newer_than(fd: int, target: str) -> None:
+    """Make the file ``fd`` strictly newer than ``target``, as make needs to see the edit.
+
+    File times have the kernel's coarse clock granularity: an edit right after the previous
+    round's build could otherwise carry the very same time as the object.
+    """
+    mtime, other = os.fstat(fd).st_mtime_ns, os.stat(target).st_mtime_ns
+    if mtime <= other:
+        os.utime(fd, ns=(other + MTIME_STEP_NS, other + MTIME_STEP_NS))
+
+
+MTIME_STEP_NS = 1_000_000  # 1 ms: above every file system's time granularity we run on
 
 
 def publish(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bool]:
