@@ -138,8 +138,7 @@ def _current(planned: pd.DataFrame, raw: pd.DataFrame) -> pd.DataFrame:
 
 
 def _mark_superseded(planned: pd.DataFrame, raw: pd.DataFrame) -> pd.DataFrame:
-    latest = planned.groupby(CELL_KEYS, as_index=False)["attempt"].max()
-    latest = latest.rename(columns={"attempt": "latest_attempt"})
+    latest = planned.groupby(CELL_KEYS)["attempt"].max().rename("latest_attempt").reset_index()
     out = raw.merge(latest, on=CELL_KEYS, how="left")
     out["superseded"] = out["superseded_flag"] | (out["attempt"] < out["latest_attempt"])
     return out.drop(columns=["latest_attempt", "superseded_flag"])
@@ -303,7 +302,7 @@ def analyze(
     mode_order = _mode_order(planned, plan_df["mode"])
     env = _order(env, mode_order, list(workload_groups()) or sorted(env["workload"].unique()))
     tables = [
-        _host_tables(host, cohort, g, raw, seed)
+        _host_tables(str(host), str(cohort), g, raw, seed)
         for (host, cohort), g in env.groupby(["host", "cohort"], sort=True)
     ]
     return Analysis(tables, raw)

@@ -137,10 +137,11 @@ class LocalExecutor:
             )
         if rule_applies(self.records, spec):
             return not_run_record(spec, NOT_RUN_RULE, "an earlier environment of this cell failed")
-        runner = self.runner
-        if runner is None:
-            from worker.runner import run_environment as runner
-        return runner(spec, host=self.host, stop=self.stop)
+        if self.runner is None:
+            from worker.runner import run_environment
+
+            return run_environment(spec, host=self.host, stop=self.stop)
+        return self.runner(spec, host=self.host, stop=self.stop)
 
     def keep(self, record: EnvironmentRecord) -> None:
         """Sign and store ``record``."""

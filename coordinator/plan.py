@@ -121,8 +121,8 @@ class Plan(BaseModel):
     scale: float = Field(1.0, gt=0, le=1.0)
     workloads: list[str] = Field(default_factory=lambda: [ALL], min_length=1)
     modes: list[str | ModeEntry] = Field(min_length=1)
-    quota: QuotaPlan = QuotaPlan()
-    vm: VmSize = VmSize()
+    quota: QuotaPlan = Field(default_factory=lambda: QuotaPlan.model_validate({}))
+    vm: VmSize = Field(default_factory=lambda: VmSize.model_validate({}))
     notes: list[str] = Field(default_factory=list)
 
     def mode_entries(self) -> list[ModeEntry]:
@@ -142,7 +142,7 @@ def _workload_registry() -> tuple[dict[str, str], list[str]]:
     """Workload name -> group, and the group names, from ``workloads.registry``."""
     from workloads.registry import WORKLOADS
 
-    groups = {name: w.group for name, w in WORKLOADS.items()}
+    groups = {name: str(w.group) for name, w in WORKLOADS.items()}
     return groups, sorted(set(groups.values()))
 
 

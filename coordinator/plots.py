@@ -10,6 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen before pyplot loads)
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from coordinator.analysis import HostTables  # noqa: E402
 
@@ -20,7 +21,7 @@ plt.rcParams.update({"svg.hashsalt": "sandbench", "svg.fonttype": "none", "font.
 PNG_DPI = 90
 
 
-def _save(fig: plt.Figure, stem: Path) -> tuple[Path, Path]:
+def _save(fig: Figure, stem: Path) -> tuple[Path, Path]:
     """Write ``stem``.svg and ``stem``.png; returns both paths."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     svg, png = stem.with_suffix(".svg"), stem.with_suffix(".png")

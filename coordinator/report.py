@@ -50,13 +50,11 @@ class Table:
 Block = tuple[str, Any]  # ("h1"|"h2"|"h3"|"p"|"ul"|"table"|"plot", payload)
 
 
-def fmt(value: float, digits: int = 4) -> str:
+def fmt(value: Any, digits: int = 4) -> str:
     """A number with ``digits`` significant digits, '—' for a missing one."""
-    return (
-        "—"
-        if value is None or (isinstance(value, float) and math.isnan(value))
-        else f"{value:.{digits}g}"
-    )
+    if value is None or math.isnan(float(value)):
+        return "—"
+    return f"{float(value):.{digits}g}"
 
 
 def cell_table(t: HostTables, workloads: list[str], caption: str) -> Table | None:
@@ -76,7 +74,7 @@ def cell_table(t: HostTables, workloads: list[str], caption: str) -> Table | Non
             elif r.status == "complete":
                 ci = (
                     f" [{fmt(r.task_s_ci_low)}, {fmt(r.task_s_ci_high)}]"
-                    if not math.isnan(r.task_s_ci_low)
+                    if fmt(r.task_s_ci_low) != "—"
                     else ""
                 )
                 row.append(f"{fmt(r.task_s_median)}{ci}")
@@ -124,7 +122,7 @@ def headline(t: HostTables, workflows: list[str]) -> list[str]:
 
 def _startup_table(t: HostTables) -> Table:
     rows: list[list[str | tuple[str, int]]] = [
-        [r.mode, str(r.n), fmt(r.ready_ms_min), fmt(r.ready_ms_median), fmt(r.ready_ms_max)]
+        [str(r.mode), str(r.n), fmt(r.ready_ms_min), fmt(r.ready_ms_median), fmt(r.ready_ms_max)]
         for r in t.startup.itertuples()
     ]
     ready = Table(
@@ -148,8 +146,8 @@ def _coverage_table(t: HostTables) -> Table:
 
 def _failures_table(t: HostTables) -> Table:
     rows: list[list[str | tuple[str, int]]] = [
-        [r.mode, r.workload, str(r.env_index), str(r.attempt), str(r.failure_class), str(r.reason),
-         str(r.detail or "")[:200]]
+        [str(r.mode), str(r.workload), str(r.env_index), str(r.attempt), str(r.failure_class),
+         str(r.reason), str(r.detail or "")[:200]]
         for r in t.failures.itertuples()
     ]  # fmt: skip
     return Table(

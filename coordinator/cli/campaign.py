@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import click
 from rich.console import Console
@@ -66,8 +67,8 @@ def _stop_on_signals(stop: threading.Event, console: Console) -> Iterator[None]:
             signal.signal(s, h)
 
 
-def _value(v: float, digits: int = 4) -> str:
-    return "—" if v is None or math.isnan(v) else f"{v:.{digits}g}"
+def _value(v: Any, digits: int = 4) -> str:
+    return "—" if v is None or math.isnan(float(v)) else f"{float(v):.{digits}g}"
 
 
 def tables_for(t: HostTables) -> list[Table | str]:
@@ -96,7 +97,7 @@ def tables_for(t: HostTables) -> list[Table | str]:
         ready.add_column(col, justify="left" if col == "mode" else "right")
     for r in t.startup.itertuples():
         ready.add_row(
-            r.mode,
+            str(r.mode),
             str(r.n),
             _value(r.ready_ms_min),
             _value(r.ready_ms_median),
