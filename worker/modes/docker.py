@@ -93,9 +93,7 @@ def ensure_image(daemon: Dockerd) -> dict[str, Any]:
         "image_id": image_id,
         "image_built_now": built_now,
         "image_build": (
-            "docker import of a tar of empty directories "
-            f"{' '.join(IMAGE_DIRS)}; toolset = host's {' '.join(TOOLSET_DIRS)} "
-            "bind-mounted read-only at run time; no registry"
+            f"docker import of empty mount points; host {' '.join(TOOLSET_DIRS)} bound read-only"
         ),
     }
 
@@ -181,7 +179,7 @@ class DockerMode:
             "cgroup_driver": status.get("cgroup_driver"),
             "daemon_socket": status.get("socket"),
             "tools": tools,
-            "ready_includes": "docker start -ai: attach, container start, payload start",
+            "ready_includes": "container start (docker start -ai)",
         }
         return Preflight(True, "", facts)
 
