@@ -75,8 +75,8 @@ def describe(plan: Plan) -> list[str]:
         f"plan '{plan.name}': cohort {plan.cohort}, seed {plan.seed}, "
         f"{plan.environments} environments x {plan.rounds} rounds per cell, "
         f"scale {plan.scale:g}, limit {plan.limit_s:g} s",
-        f"quota: cpus {q.cpus}, {q.cpu_quota:g} cores, memory {_size(q.memory)}, "
-        f"swap {_size(q.swap)}; VM guest {plan.vm.vcpus} vCPU / {plan.vm.memory_mib} MiB",
+        f"quota: cpus {q.cpus}, {q.cpu_quota:g} cores, memory {format_size(q.memory)}, "
+        f"swap {format_size(q.swap)}; VM guest {plan.vm.vcpus} vCPU / {plan.vm.memory_mib} MiB",
     ]
     per_mode = Counter(entry.name for entry, _ in plan.cells())
     by_count: dict[int, list[str]] = {}
@@ -112,7 +112,8 @@ def _n(count: int, noun: str) -> str:
     return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
-def _size(n: int) -> str:
+def format_size(n: int) -> str:
+    """Bytes as a short human size (``2 GiB``)."""
     for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= factor:
             return f"{n / factor:g} {unit}"

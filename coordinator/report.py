@@ -17,6 +17,7 @@ import pandas as pd
 
 from coordinator import plots
 from coordinator.analysis import CELL_COLUMNS, Analysis, HostTables, analyze
+from coordinator.campaign import format_size
 from coordinator.store import Campaign, Store
 
 WRITES_SYNC = (
@@ -236,7 +237,11 @@ def campaign_blocks(
     for t in analysis.tables:
         lines = headline(t, _groups(t)["workflow"])
         blocks += [
-            ("p", f"Host {t.host} (cohort {t.cohort}), median wait per workflow environment:"),
+            (
+                "p",
+                f"Host {t.host} (cohort {t.cohort}): median task time of a workflow environment "
+                "(s, sum of its rounds), fastest complete mode first:",
+            ),
             ("ul", lines),
         ]
     blocks += [
@@ -266,8 +271,9 @@ def _config_lines(plan: dict[str, Any]) -> list[str]:
         f"rounds per environment R = {plan.get('rounds')}, "
         f"limit {plan.get('limit_s')} s, scale {plan.get('scale')}",
         f"workloads: {', '.join(plan.get('workloads', []))}; modes: {', '.join(modes)}",
-        f"quota: cpus {q.get('cpus')}, {q.get('cpu_quota')} cores, memory {q.get('memory')} B, "
-        f"swap {q.get('swap')} B; "
+        f"quota: cpus {q.get('cpus')}, {q.get('cpu_quota')} cores, "
+        f"memory {format_size(int(q.get('memory', 0)))}, "
+        f"swap {format_size(int(q.get('swap', 0)))}; "
         f"VM {vm.get('vcpus')} vCPU / {vm.get('memory_mib')} MiB",
         "statistics: N=3 is exploratory (no tails, no intervals); "
         "N>=10 adds a bootstrap 95% interval of "
