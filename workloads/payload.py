@@ -14,8 +14,10 @@ if __name__ == "__main__":
     sys.stdout.write('{"op": "ready"}\n')
     sys.stdout.flush()
 
+import errno
 import hashlib
 import json
+import math
 import mmap
 import stat
 import struct
@@ -189,16 +191,9 @@ def _affine(seed: int, k: int, pas: int, blocks: int) -> tuple[int, int]:
     """A seeded affine permutation (multiplier coprime with ``blocks``, offset) of one pass."""
     h = int.from_bytes(stream(seed, f"ws:{k}:{pas}", 16), "little")
     mult = (h & 0xFFFFFFFF) % blocks | 1
-    while _gcd(mult, blocks) != 1:
+    while math.gcd(mult, blocks) != 1:
         mult += 2
     return mult, (h >> 64) % blocks
-
-
-def _gcd(a: int, b: int) -> int:
-    """Greatest common divisor (kept local: ``math`` is fine, but this is one line)."""
-    while b:
-        a, b = b, a % b
-    return a
 
 
 def ws_last_writes(seed: int, rounds: int, p: dict[str, int]) -> dict[int, int]:
@@ -247,10 +242,19 @@ def fsync_path(path: str) -> None:
     try:
         os.fsync(fd)
     except OSError as exc:  # 9p and some FUSE file systems refuse fsync on a directory
-        if not os.path.isdir(path) or exc.errno not in (22, 95):
+        if not os.path.isdir(path) or exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
             raise
     finally:
         os.close(fd)
+
+
+def write_all(fd: int, data: bytes | memoryview, offset: int | None = None) -> None:
+    """Write all of ``data`` (at ``offset`` with pwrite): short writes are continued."""
+    view = memoryview(data)
+    while view:
+        done = os.write(fd, view) if offset is None else os.pwrite(fd, view, offset)
+        view = view[done:]
+        offset = None if offset is None else offset + done
 
 
 def write_new(path: str, data: bytes, chunk: int = 0, sync: bool = True) -> None:
@@ -259,7 +263,7 @@ def write_new(path: str, data: bytes, chunk: int = 0, sync: bool = True) -> None
     try:
         view, step = memoryview(data), chunk or len(data) or 1
         for off in range(0, len(data), step):
-            os.write(fd, view[off : off + step])
+            write_all(fd, view[off : off + step])
         if sync:
             os.fsync(fd)
     finally:
@@ -314,7 +318,7 @@ def sync_write(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bo
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         for off in range(0, len(data), step):
-            os.write(fd, data[off : off + step])
+            write_all(fd, data[off : off + step])
             os.fsync(fd)
     finally:
         os.close(fd)
@@ -402,7 +406,7 @@ def append_fsync(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, 
     try:
         start = os.fstat(fd).st_size
         for i in range(p["records"]):
-            os.write(fd, data[i * size : (i + 1) * size])
+            write_all(fd, data[i * size : (i + 1) * size])
             if (i + 1) % every == 0 or i + 1 == p["records"]:
                 os.fsync(fd)
     finally:
@@ -497,7 +501,7 @@ def _run_writers(lanes: list[list[tuple[int, int, int]]], base: memoryview, bs: 
     def writer(lane: list[tuple[int, int, int]]) -> None:
         try:
             for fd, off, src in lane:
-                os.pwrite(fd, base[src : src + bs], off)
+                write_all(fd, base[src : src + bs], off)
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
 
@@ -593,7 +597,7 @@ def append_sync(path: str, data: bytes) -> None:
     """Append ``data`` to an existing file, fsync it and its directory."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
-        os.write(fd, data)
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -630,7 +634,7 @@ def incremental_build(root: str, seed: int, p: dict[str, int], k: int) -> tuple[
     data = set_unit_value(read_file(src), value)
     fd = os.open(src, os.O_WRONLY | os.O_TRUNC)
     try:
-        os.write(fd, data)
+        write_all(fd, data)
         _newer_than(fd, os.path.join(proj, "obj", f"u{unit:02d}.o"))
         os.fsync(fd)
     finally:
