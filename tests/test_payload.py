@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from workloads import fixtures, payload
+from tests.conftest import require
+from workloads import fixtures, oracle, payload
 from workloads.drive import PAYLOAD, drive, native_environment, payload_argv
 from workloads.registry import WORKLOADS
 
@@ -148,3 +150,25 @@ def test_repeated_edit_rebuilds(cache: Path, tmp_path: Path) -> None:
     fixtures.copy_fixture(fixtures.ensure_fixture("incremental-build", SEED, 0.01, cache), ws)
     result = drive("incremental-build", SEED, 0.01, ws, list(range(1, 6)))
     assert result.ok and len(result.lines) == 6, result.lines
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_workload_on_overlayfs(name: str, cache: Path, tmp_path: Path) -> None:
+    """Each workload also passes with its workspace on overlayfs, leaving the lower layer intact."""
+    require(os.geteuid() == 0, "root, to mount overlayfs")
+    fixture = fixtures.ensure_fixture(name, SEED, 0.02, cache)
+    lower, upper, work, merged = (tmp_path / d for d in ("lower", "upper", "work", "merged"))
+    fixtures.copy_fixture(fixture, lower)
+    for d in (upper, work, merged):
+        d.mkdir()
+    options = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], check=True)
+    try:
+        result = drive(name, SEED, 0.02, merged, [1, 2, 3])
+        model = WORKLOADS[name].model(SEED, 0.02, 3, fixture=fixture)
+        assert result.ok, (result.lines, result.stderr)
+        assert oracle.compare(merged, model) == []
+    finally:
+        subprocess.run(["umount", str(merged)], check=True)
+    ignore = WORKLOADS[name].ignore
+    assert fixtures.tree_digest(lower, ignore) == fixtures.tree_digest(fixture, ignore)
