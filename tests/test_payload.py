@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require
+from tests.conftest import require, require_binary
 from workloads import fixtures, oracle, payload
 from workloads.drive import PAYLOAD, drive, native_environment, payload_argv
 from workloads.registry import WORKLOADS
@@ -172,3 +172,18 @@ def test_workload_on_overlayfs(name: str, cache: Path, tmp_path: Path) -> None:
         subprocess.run(["umount", str(merged)], check=True)
     ignore = WORKLOADS[name].ignore
     assert fixtures.tree_digest(lower, ignore) == fixtures.tree_digest(fixture, ignore)
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_workload_writes_only_under_root(name: str, cache: Path, tmp_path: Path) -> None:
+    """Each workload passes in a bubblewrap sandbox whose only writable path is its root."""
+    bwrap = require_binary("bwrap")
+    ws = workspace(name, cache, tmp_path)
+    sandbox = (bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+               "--bind", str(ws), str(ws), "--unshare-net", "--die-with-parent", "--")  # fmt: skip
+    result = drive(name, SEED, 0.02, ws, [1, 2, 3], sandbox)
+    assert result.ok, (result.lines, result.stderr)
+    model = WORKLOADS[name].model(
+        SEED, 0.02, 3, fixture=fixtures.ensure_fixture(name, SEED, 0.02, cache)
+    )
+    assert oracle.compare(ws, model) == []
