@@ -28,6 +28,7 @@ def build_empty(*dirs: str) -> Callable[[Path, int, Params], None]:
     """A builder that creates only the directories ``dirs``."""
 
     def build(dest: Path, seed: int, p: Params) -> None:
+        """Create the directories."""
         for d in dirs:
             (dest / d).mkdir(parents=True)
 
@@ -67,6 +68,7 @@ def build_tree(label: str, *dirs: str) -> Callable[[Path, int, Params], None]:
     """A builder of the seeded tree ``tree/``, its manifest ``tree.sha256`` and ``dirs``."""
 
     def build(dest: Path, seed: int, p: Params) -> None:
+        """Write the tree, its manifest and the extra directories."""
         for d in dirs:
             (dest / d).mkdir()
         entries = tree_content(seed, label, "tree", p)

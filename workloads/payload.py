@@ -499,6 +499,7 @@ def _run_writers(lanes: list[list[tuple[int, int, int]]], base: memoryview, bs: 
     errors: list[BaseException] = []
 
     def writer(lane: list[tuple[int, int, int]]) -> None:
+        """Do one lane's writes in order."""
         try:
             for fd, off, src in lane:
                 write_all(fd, base[src : src + bs], off)
@@ -722,11 +723,12 @@ def parse_args(argv: list[str]) -> tuple[str, int, float, str]:
 
 
 class Session:
-    """One payload run: the protocol channel and the round counter."""
+    """One payload run: the protocol channel, the workload and the round counter."""
 
     def __init__(self, channel: Any) -> None:
         self.channel = channel
-        self.k: int | None = None
+        self.k: int | None = None  # the round being answered (None before the first)
+        self.done = 0  # rounds completed
 
     def send(self, message: dict[str, Any]) -> None:
         """Write one protocol line and flush it."""
@@ -737,29 +739,30 @@ class Session:
         """Answer round and exit requests until exit (0) or an error (1)."""
         try:
             name, seed, scale, root = parse_args(argv)
-            p, expected = params(name, scale), 1
+            p = params(name, scale)
             for line in lines:
-                if not line.strip():
-                    continue
-                msg = json.loads(line)
+                msg = json.loads(line) if line.strip() else {"op": "noop"}
                 if msg.get("op") == "exit":
                     return 0
-                if msg.get("op") != "round":
+                if msg.get("op") == "round":
+                    self.round(msg.get("k"), lambda k: ROUNDS[name](root, seed, p, k))
+                elif msg.get("op") != "noop":
                     raise PayloadError(f"unknown request {line.strip()!r}")
-                self.k = msg.get("k")
-                if self.k != expected:
-                    raise PayloadError(f"round {self.k} out of order: expected round {expected}")
-                if self.k > MAX_ROUNDS:
-                    raise PayloadError(
-                        f"round {self.k} > {MAX_ROUNDS}, the rounds fixtures prepare"
-                    )
-                digest, ok = ROUNDS[name](root, seed, p, self.k)
-                self.send({"op": "done", "k": self.k, "digest": digest, "validated": bool(ok)})
-                expected += 1
             raise PayloadError("stdin closed before exit")
         except Exception as exc:
             self.send({"op": "error", "k": self.k, "message": f"{type(exc).__name__}: {exc}"})
             return 1
+
+    def round(self, k: Any, work: Callable[[int], tuple[str, bool]]) -> None:
+        """Run round ``k`` if it is the next one, and answer done."""
+        self.k = k
+        if k != self.done + 1 or not isinstance(k, int):
+            raise PayloadError(f"round {k!r} out of order: expected round {self.done + 1}")
+        if k > MAX_ROUNDS:
+            raise PayloadError(f"round {k} > {MAX_ROUNDS}, the rounds fixtures prepare")
+        digest, ok = work(k)
+        self.send({"op": "done", "k": k, "digest": digest, "validated": bool(ok)})
+        self.done = k
 
 
 def main() -> int:
