@@ -8,6 +8,14 @@ A benchmark failure is a record, never an exception: ``run_environment`` raises 
 input (unknown mode or workload) or a host that cannot run environments at all (no cgroups).
 When ``stop`` is set (Ctrl-C) it kills the environment, cleans up and returns ``None``: no
 record exists for that environment, so a resumed campaign runs it again from scratch.
+
+Classification: the first failure decides, except that an OOM kill in the environment's
+cgroup (even one the task survived) makes it ``oom``, and a full disk behind a failure makes
+it ``no-space``. The limit reached before the ready line is ``no-ready`` (the startup never
+completed); after it, ``timeout``. A launcher that cannot be spawned, or a shell template that
+exits 126/127 before Ready, is ``launcher-error``. Only completed rounds are recorded, so a
+failure never shows a round time of zero. The runner does not gate on the mode's preflight
+(the campaign does); it records the preflight's verdict and facts in ``provenance``.
 """
 
 from __future__ import annotations
