@@ -70,7 +70,10 @@ def scan(root: Path, ignore: Iterable[str] = ()) -> dict[str, FileState]:
 
 
 @lru_cache(maxsize=32)
-def _scan_cached(root: str, ignore: tuple[str, ...]) -> tuple[dict[str, FileState], frozenset[str]]:
+def _scan_cached(
+    root: str, identity: tuple[int, int, int], ignore: tuple[str, ...]
+) -> tuple[dict[str, FileState], frozenset[str]]:
+    """``scan_tree`` memoized by path and the root directory's identity."""
     files, dirs = scan_tree(Path(root), ignore)
     return files, frozenset(dirs)
 
@@ -78,8 +81,13 @@ def _scan_cached(root: str, ignore: tuple[str, ...]) -> tuple[dict[str, FileStat
 def scan_cached(
     root: Path, ignore: tuple[str, ...] = ()
 ) -> tuple[dict[str, FileState], frozenset[str]]:
-    """``scan_tree`` of a fixture (immutable once built), cached per process."""
-    return _scan_cached(str(root), tuple(ignore))
+    """``scan_tree`` of a fixture (immutable once built), cached per process.
+
+    The key includes the root's device, inode and change time, so a fixture rebuilt at the
+    same path is scanned afresh.
+    """
+    st = os.stat(root)
+    return _scan_cached(str(root), (st.st_dev, st.st_ino, st.st_ctime_ns), tuple(ignore))
 
 
 def compare(root: Path, model: Model) -> list[str]:
