@@ -116,7 +116,7 @@ def test_exit_wrapper_maps_qemu_status(
 def test_job_file_quotes_the_payload_for_the_guest_shell(tmp_path: Path) -> None:
     """The init's shell gets the payload argv back exactly, spaces and quotes included."""
     argv = ["/usr/bin/printf", "%s|", "a b", "it's", "$HOME"]
-    job = Job(workspace="/w s", kind="9p-none", argv=argv).write(tmp_path / "job.sh")
+    job = Job(workspace="/w s", kind="9p-mmap", argv=argv).write(tmp_path / "job.sh")
     script = f'. {job}; eval "env -i $PAYLOAD"; echo; echo "$WS_PATH"'
     out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == ["a b|it's|$HOME|", "/w s"]

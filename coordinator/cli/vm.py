@@ -30,8 +30,9 @@ def prepare_command(force: bool, no_probe: bool) -> None:
         return
     verdict = accel.detect_accel(prepared, refresh=force)
     click.echo(f"accelerator: {verdict['accel']} (QEMU {qemu.qemu_version()})")
-    for probe in verdict.get("probes", []):
-        click.echo(f"  probe {probe['accel']}: {probe['detail'][:120]} ({probe['seconds']} s)")
+    probes: list[dict[str, object]] = verdict.get("probes", [])  # type: ignore[assignment]
+    for probe in probes:
+        click.echo(f"  probe {probe['accel']}: {str(probe['detail'])[:120]} ({probe['seconds']} s)")
 
 
 @vm_group.command("status")

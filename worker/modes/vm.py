@@ -1,6 +1,7 @@
 """The VM modes: QEMU guests that run the host's own toolset, read-only over 9p as their root.
 
-* ``vm``: q35, workspace over 9p with no guest caching (writes reach the host before they return).
+* ``vm``: q35, workspace over 9p with no guest caching (writes reach the host before they return;
+  9p ``cache=mmap`` caches only shared mappings, which 9p cannot do uncached).
 * ``vm-writeback``: the same with the guest page cache (9p ``cache=loose``); each round's sync
   asks the guest to ``sync`` so the host sees the round's result before the round clock stops.
 * ``vm-disk`` / ``vm-microvm``: q35 / microvm, the workspace copied into a private ext4 image in
@@ -46,7 +47,7 @@ class VmMode:
     name = "vm"
     staged = False
     machine = "q35"
-    workspace_kind: WorkspaceKind = "9p-none"
+    workspace_kind: WorkspaceKind = "9p-mmap"
     guest_sync = False  # does the round's sync ask the guest to sync(2)?
 
     # -- preflight ------------------------------------------------------------------------

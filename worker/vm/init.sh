@@ -44,7 +44,7 @@ done
 OPTS9P="trans=virtio,version=9p2000.L,msize=512000"
 mount -t 9p -o "$OPTS9P,ro,cache=loose" hostroot /newroot || fail "mount hostroot"
 [ -r "/newroot$JOB" ] || fail "job file $JOB not visible in the guest"
-# Sets WS_PATH, WS_KIND (9p-none | 9p-loose | ext4 | none), PAYLOAD (a shell command line),
+# Sets WS_PATH, WS_KIND (9p-mmap | 9p-loose | ext4 | none), PAYLOAD (a shell command line),
 # HOLD (1 = never start the payload) and PROBE (1 = only announce readiness).
 . "/newroot$JOB"
 
@@ -56,7 +56,7 @@ mount -t tmpfs run /newroot/run
 if [ "$WS_KIND" != none ]; then
   mkdir -p "/newroot$WS_PATH" 2>/dev/null
   case "$WS_KIND" in
-    9p-none) mount -t 9p -o "$OPTS9P" ws "/newroot$WS_PATH" ;;
+    9p-mmap) mount -t 9p -o "$OPTS9P,cache=mmap" ws "/newroot$WS_PATH" ;;
     9p-loose) mount -t 9p -o "$OPTS9P,cache=loose" ws "/newroot$WS_PATH" ;;
     ext4) mount -t ext4 -o noinit_itable /dev/vda "/newroot$WS_PATH" ;;
     *) false ;;

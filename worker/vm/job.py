@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-WorkspaceKind = Literal["9p-none", "9p-loose", "ext4", "none"]
+# 9p-mmap: reads and writes go straight to the host (no page cache); only shared mappings are
+# cached, because 9p without any cache refuses writable shared mmap (mmap-write would fail).
+WorkspaceKind = Literal["9p-mmap", "9p-loose", "ext4", "none"]
 
 # The payload's environment in the guest: the same tool paths as the host, nothing inherited.
 GUEST_ENV = {

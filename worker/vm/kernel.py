@@ -46,7 +46,7 @@ def _run(argv: list[str], cwd: Path | None = None) -> str:
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise KernelError(f"`{' '.join(argv)}` failed ({proc.returncode}): {' | '.join(tail)}")
-    return proc.stdout
+    return str(proc.stdout)
 
 
 def kernel_package_name() -> str:
@@ -57,7 +57,7 @@ def kernel_package_name() -> str:
         ).stdout
         found = re.findall(r"Depends:\s*(linux-image-\S+-amd64)", out)
         if found:
-            return found[0]
+            return str(found[0])
         if attempt == 0:
             _run(["apt-get", "update", "-q"])
     raise KernelError(
