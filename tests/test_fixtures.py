@@ -119,3 +119,18 @@ def test_copy_fixture_refuses_existing(tmp_path: Path) -> None:
     (tmp_path / "dest").mkdir()
     with pytest.raises(fixtures.WorkloadError, match="fresh workspace"):
         fixtures.copy_fixture(tmp_path / "src", tmp_path / "dest")
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_model_seed_changes_content_not_paths(name: str, tmp_path: Path) -> None:
+    """Final-state models of two seeds share their paths; seeded content differs."""
+    workload = get_workload(name)
+    a, b = (
+        workload.model(seed, 0.02, 3, fixture=fixtures.ensure_fixture(name, seed, 0.02, tmp_path))
+        for seed in (1, 2)
+    )
+    assert {PACK_NAME.sub("pack-*", p) for p in a.files} == {
+        PACK_NAME.sub("pack-*", p) for p in b.files
+    }
+    assert a.dirs == b.dirs
+    assert (a.files != b.files) == (name != "readdir-wide")  # its 8,192 entries are empty
