@@ -89,16 +89,33 @@ def test_daemon_that_cannot_start_reports_its_log(state_dir: Path) -> None:
         daemon.start(timeout=10)
 
 
-def test_on_demand_daemon_stops_with_its_process(state_dir: Path) -> None:
-    """A daemon started on demand (``ensure``) is stopped when the starting process exits."""
-    code = "from worker.dockerd import Dockerd; d = Dockerd(); d.ensure(); print(d.pid())"
-    env = {**os.environ, STATE_DIR_ENV: str(state_dir)}
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True
+def _user(state_dir: Path, wait: bool) -> subprocess.Popen[str]:
+    """A process that uses the daemon on demand and exits (at once, or when stdin closes)."""
+    code = (
+        "import sys; from worker.dockerd import Dockerd; d = Dockerd(); d.ensure(); "
+        f"print(d.pid(), flush=True); {'sys.stdin.read()' if wait else ''}"
     )
-    assert int(out.stdout.strip()) > 0
-    assert not psutil.pid_exists(int(out.stdout.strip())) or not Dockerd(state_dir=state_dir).pid()
-    assert not _processes_of(state_dir)
+    env = {**os.environ, STATE_DIR_ENV: str(state_dir)}
+    return subprocess.Popen(
+        [sys.executable, "-c", code], cwd=REPO, env=env, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def test_on_demand_daemon_stops_with_its_last_user(state_dir: Path) -> None:
+    """An on-demand daemon outlives the user that started it and stops with its last user."""
+    daemon = Dockerd(state_dir=state_dir)
+    starter = _user(state_dir, wait=True)
+    assert starter.stdout is not None and int(starter.stdout.readline()) > 0
+    other, _ = _user(state_dir, wait=False).communicate(timeout=60)
+    assert int(other) == daemon.pid(), "the second user shares the running daemon"
+    assert daemon.running(), "a user's exit leaves the daemon to the others"
+    starter.communicate("", timeout=60)
+    assert daemon.pid() is None and not _processes_of(state_dir)
+    daemon.start()  # persistent: users come and go, it stays up
+    _user(state_dir, wait=False).communicate(timeout=60)
+    assert daemon.running()
+    daemon.stop()
 
 
 def test_cli_start_status_stop(state_dir: Path) -> None:
@@ -114,8 +131,9 @@ def test_cli_start_status_stop(state_dir: Path) -> None:
     assert str(state_dir / "docker.sock") in started.stdout
     status = cli("status", "--json")
     assert status.returncode == 0 and '"running": true' in status.stdout
-    assert cli("stop").returncode == 0
-    assert "stopped" in cli("status").stdout
+    stopped = cli("stop")
+    assert stopped.returncode == 0 and "dockerd stopped" in stopped.stdout
+    assert Dockerd(state_dir=state_dir).status()["running"] is False
     assert not _processes_of(state_dir)
     missing = subprocess.run(
         [sys.executable, "-m", "coordinator", "host", "docker", "start"],

@@ -3,11 +3,12 @@
 sandbench never talks to the system's default daemon. Its daemon lives in a state directory
 (``$SANDBENCH_DOCKER_DIR``, else ``$SANDBENCH_HOME/docker``, else ``/var/lib/sandbench/docker``)::
 
-    docker.sock  dockerd.pid  dockerd.log  daemon.json  lock  data/  exec/  client/
+    docker.sock  dockerd.pid  dockerd.log  daemon.json  lock  users.lock  on-demand
+    data/  exec/  client/
 
 It is started by ``sandbench host docker start`` (and stays up until ``... stop``) or on demand
-by the docker mode; a daemon started on demand belongs to the process that started it and is
-stopped when that process exits.
+by the docker mode. Every process that uses it holds a shared lock on ``users.lock``; a daemon
+started on demand is stopped by the last of its users to exit.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ STOP_TIMEOUT_S = 30.0
 CLIENT_TIMEOUT_S = 120.0
 POLL_S = 0.1
 LOG_TAIL_CHARS = 600
+ON_DEMAND_MARK = "on-demand"  # present while the daemon was started on demand (not persistent)
+
+# State directory -> descriptor of this process's shared lock on its ``users.lock``.
+_USERS: dict[Path, int] = {}
 
 # The daemon needs no network of its own: containers run with --network none.
 DAEMON_FLAGS = (
@@ -107,7 +112,6 @@ class Dockerd:
     state_dir: Path = field(default_factory=default_state_dir)
     dockerd: str = field(default_factory=lambda: os.environ.get(DOCKERD_ENV, DEFAULT_DOCKERD))
     docker: str = field(default_factory=default_docker_client)
-    owned: bool = False  # started on demand by this process: stopped when it exits
 
     @property
     def socket(self) -> Path:
@@ -245,31 +249,62 @@ class Dockerd:
                 f"ops/setup.sh, or point {DOCKER_ENV} at it)"
             )
 
-    def start(self, timeout: float = READY_TIMEOUT_S) -> bool:
-        """Start the daemon unless it runs; wait until it answers. True if started now."""
+    def start(self, timeout: float = READY_TIMEOUT_S, persistent: bool = True) -> bool:
+        """Start the daemon unless it runs; wait until it answers. True if started now.
+
+        A persistent daemon stays up until ``stop``; an on-demand one (``ensure``) is stopped
+        by its last user's exit. Starting persistently makes a running daemon persistent.
+        """
         self.check_binary()
         with self._locked():
+            mark = self.state_dir / ON_DEMAND_MARK
+            if persistent:
+                mark.unlink(missing_ok=True)
             if self.running():
                 return False
             if self.pid() is not None:  # alive but not answering: still starting, or hung
                 self._wait_ready(None, timeout)
                 return False
+            if not persistent:
+                mark.touch()
             self._spawn_and_wait(timeout)
         return True
 
     def ensure(self, timeout: float = READY_TIMEOUT_S) -> None:
-        """Start on demand; a daemon started here is stopped when this process exits."""
-        if self.running():
-            return
-        if self.start(timeout) and not self.owned:
-            self.owned = True
-            atexit.register(self._stop_if_owned)
+        """Use the daemon, starting it on demand; an on-demand daemon stops with its last user."""
+        self._hold_use()
+        if not self.running():
+            self.start(timeout, persistent=False)
 
-    def _stop_if_owned(self) -> None:
-        """At exit: stop the daemon this process started on demand."""
-        if self.owned:
-            with contextlib.suppress(DockerdError):
-                self.stop()
+    def _hold_use(self) -> None:
+        """Mark this process as a user until it exits (a shared lock on ``users.lock``)."""
+        key = self.state_dir.resolve()
+        if key in _USERS:
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.state_dir / "users.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        _USERS[key] = fd
+        atexit.register(self._release_use)
+
+    def _release_use(self) -> None:
+        """At exit: drop this process's use; the last user stops an on-demand daemon."""
+        fd = _USERS.pop(self.state_dir.resolve(), None)
+        if fd is not None:
+            os.close(fd)
+        if not (self.state_dir / ON_DEMAND_MARK).exists():
+            return  # started by ``sandbench host docker start``: it stays up
+        probe = os.open(self.state_dir / "users.lock", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # another process still uses it; the last one stops it
+        else:
+            if (self.state_dir / ON_DEMAND_MARK).exists():
+                with contextlib.suppress(DockerdError):
+                    self.stop()
+        finally:
+            os.close(probe)
 
     def _spawn_and_wait(self, timeout: float) -> None:
         """Spawn dockerd detached (its own session, not our child) and wait for its API."""
@@ -311,12 +346,13 @@ class Dockerd:
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> bool:
         """Remove every container of this daemon, then stop it. True if it was running."""
         with self._locked():
-            self.owned = False
+            (self.state_dir / ON_DEMAND_MARK).unlink(missing_ok=True)
             pid = self.pid()
             if pid is None:
                 return False
             if self.ping():
-                self.remove_all_containers()
+                with contextlib.suppress(DockerdError):  # a hung daemon is stopped anyway
+                    self.remove_all_containers()
             _terminate(pid, timeout)
             self._kill_orphans()
             self.pidfile.unlink(missing_ok=True)
