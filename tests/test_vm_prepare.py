@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,24 @@ def test_preflight_names_the_missing_guest(tmp_path: Path, monkeypatch: pytest.M
     verdict = VmMode().preflight(HostInfo())
     assert not verdict.ok
     assert "sandbench vm prepare" in verdict.reason
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("missing", "named"), [("vmlinuz", "guest kernel"), ("initrd", "initramfs")]
+)
+def test_preflight_names_a_missing_artefact(
+    prepared: guest.Guest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: str, named: str
+) -> None:
+    """A prepared guest whose kernel or initramfs went missing is named in the preflight."""
+    require(qemu.qemu_binary() is not None, "qemu-system-x86_64 (ops/setup.sh)")
+    home = tmp_path / "vm"
+    shutil.copytree(prepared.home, home)
+    (home / getattr(prepared, missing).name).unlink()
+    monkeypatch.setenv("SANDBENCH_VM_HOME", str(home))
+    verdict = VmMode().preflight(HostInfo())
+    assert not verdict.ok
+    assert verdict.reason.startswith(named), verdict.reason
 
 
 def test_cli_status_reports_missing_guest(tmp_path: Path) -> None:

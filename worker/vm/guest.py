@@ -54,7 +54,7 @@ def sha256_file(path: Path) -> str:
 
 
 def load_guest(home: Path | None = None) -> Guest | None:
-    """The prepared guest under ``home``, or None when it is missing or incomplete."""
+    """The guest in ``home``'s manifest (None without one); ``guest_problem`` checks it."""
     home = home or vm_home()
     try:
         data = json.loads((home / MANIFEST).read_text())
@@ -68,8 +68,6 @@ def load_guest(home: Path | None = None) -> Guest | None:
         modules=tuple(data["modules"]),
         init_sha256=data.get(INIT_SHA_KEY, ""),
     )
-    if not (guest.vmlinuz.exists() and guest.initrd.exists()):
-        return None
     return guest
 
 
@@ -77,6 +75,10 @@ def guest_problem(guest: Guest | None) -> str | None:
     """Why ``guest`` cannot run the VM modes (kernel, initramfs, 9p support), or None."""
     if guest is None:
         return f"guest kernel and initramfs not prepared in {vm_home()}: run `sandbench vm prepare`"
+    if not guest.vmlinuz.is_file():
+        return f"guest kernel {guest.vmlinuz} is missing: run `sandbench vm prepare --force`"
+    if not guest.initrd.is_file():
+        return f"initramfs {guest.initrd} is missing: run `sandbench vm prepare --force`"
     missing = [m for m in kernel.NINEP_MODULES if m not in guest.modules]
     if missing:
         return f"initramfs lacks 9p modules {missing}: run `sandbench vm prepare --force`"
@@ -112,9 +114,13 @@ def prepare_guest(home: Path | None = None, force: bool = False) -> Guest:
         INIT_SHA_KEY: sha256_file(initramfs.INIT_SCRIPT),
     }
     (home / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    for stale in [*home.glob("vmlinuz-*"), *home.glob("initrd-*")]:
+        if stale not in (vmlinuz, initrd):
+            stale.unlink()
     guest = load_guest(home)
-    if guest is None:
-        raise ModeUnavailable(f"guest preparation in {home} left no usable guest")
+    problem = guest_problem(guest)
+    if guest is None or problem:
+        raise ModeUnavailable(f"guest preparation in {home} left no usable guest: {problem}")
     return guest
 
 
