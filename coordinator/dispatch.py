@@ -121,7 +121,7 @@ def failed_cells(store: Store, campaign: str) -> list[tuple[str, str, str]]:
     planned = store.load_campaign(campaign).specs
     cells = []
     for host in sorted({s.host for s in planned}):
-        records = host_progress(store, campaign, host).records
+        records = host_progress(store, campaign, host, parse=True).records
         for cell in sorted({s.cell() for s in planned if s.host == host}):
             latest = latest_cell_specs(planned, cell)
             if any(records.get(s.key()) and records[s.key()].outcome == "failed" for s in latest):

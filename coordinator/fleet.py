@@ -6,6 +6,7 @@ environment planned for it (every attempt) has a stored record or a lost mark.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -18,15 +19,16 @@ from typing import Any
 
 import redis
 from celery import Celery
+from cryptography.exceptions import InvalidSignature
 from pydantic import ValidationError
 
 from coordinator.registry import HostRegistry
 from coordinator.store import CAMPAIGN_FILE, Campaign, Store
 from tasks.app import COORDINATOR_QUEUE, DEFAULT_VISIBILITY_TIMEOUT_S, VISIBILITY_TIMEOUT_ENV
-from tasks.errors import RecordRejected, StoreError
+from tasks.errors import HostKeyError, RecordRejected, StoreError
 from tasks.fleet import ALIVE_KEY, STARTED_KEY, TASK_FINALIZE, redis_client
 from tasks.records import EnvironmentRecord, EnvironmentSpec
-from tasks.signing import verify_record
+from tasks.signing import canonical_json, fingerprint, public_key_from_b64, verify_record
 
 log = logging.getLogger("sandbench.coordinator")
 
@@ -37,8 +39,9 @@ LOST_FILE = "lost.jsonl"
 ACTIVE_CAMPAIGNS_KEY = "sandbench:campaigns"  # set of campaign ids still being watched
 REJECTED_KEY = "sandbench:rejected:{campaign}"  # list of JSON {key, host, reason}
 STORED_AT_KEY = "sandbench:stored-at:{campaign}"  # hash env key -> wall time the store took it
-FINALIZED_KEY = "sandbench:finalized:{campaign}"  # hash host -> outcomes count at finalization
-FINALIZE_QUEUED_KEY = "sandbench:finalize-queued:{campaign}"  # hash host -> outcomes count
+FINALIZED_KEY = "sandbench:finalized:{campaign}"  # hash host -> fingerprint at finalization
+FINALIZE_QUEUED_KEY = "sandbench:finalize-queued:{campaign}"  # hash host -> fingerprint
+ENV_KEY = "{campaign}/{host}/{mode}/{workload}/{env_index}/{attempt}"  # EnvironmentRecord.key
 SWEEP_INTERVAL_S = 2.0
 # A started environment whose worker stopped beating is recorded lost only after its message
 # had time to come back (visibility timeout) and run again; this is extra grace on top.
@@ -63,20 +66,46 @@ class HostProgress:
 
     host: str
     planned: list[EnvironmentSpec]
-    records: dict[str, EnvironmentRecord]
+    received: set[str]  # keys of stored records
     lost: dict[str, str] = field(default_factory=dict)  # env key -> reason
+    records: dict[str, EnvironmentRecord] = field(default_factory=dict)  # when parsed
 
     def missing(self) -> list[EnvironmentSpec]:
         """Planned environments with neither a record nor a lost mark, in run order."""
-        return [s for s in self.planned if s.key() not in self.records and s.key() not in self.lost]
+        done = self.received | self.lost.keys()
+        return [s for s in self.planned if s.key() not in done]
 
     def complete(self) -> bool:
         """Whether every planned environment has an outcome."""
         return bool(self.planned) and not self.missing()
 
-    def outcomes(self) -> int:
-        """How many planned environments have an outcome (the finalization fingerprint)."""
-        return len(self.planned) - len(self.missing())
+    def fingerprint(self) -> str:
+        """What finalization saw: records and lost marks counted (a change means finalize again)."""
+        planned = {s.key() for s in self.planned}
+        return f"{len(planned & self.received)}+{len(planned & self.lost.keys())}/{len(planned)}"
+
+
+_RECEIVED: dict[Path, tuple[int, set[str]]] = {}
+
+
+def received_keys(path: Path) -> set[str]:
+    """Keys of the records in ``path``, reading only what was appended since the last call."""
+    offset, keys = _RECEIVED.get(path, (0, set()))
+    size = path.stat().st_size if path.exists() else 0
+    if size < offset:  # replaced: start over
+        offset, keys = 0, set()
+    if size > offset:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read(size - offset)
+        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits
+        for line in whole.splitlines():
+            if line.strip():
+                d = json.loads(line)  # plain JSON: a key needs no model validation
+                keys.add(ENV_KEY.format(**d))
+        offset += len(whole)
+    _RECEIVED[path] = (offset, keys)
+    return set(keys)
 
 
 def read_lost(path: Path) -> dict[str, str]:
@@ -105,12 +134,19 @@ def load_campaign(store: Store, campaign: str) -> Campaign:
     return cached[1]
 
 
-def host_progress(store: Store, campaign: str, host: str) -> HostProgress:
-    """Planned versus received environments of ``host`` in ``campaign``, from the store."""
+def host_progress(store: Store, campaign: str, host: str, *, parse: bool = False) -> HostProgress:
+    """Planned versus received environments of ``host`` in ``campaign``, from the store.
+
+    With ``parse`` every record is parsed (for status and finalization); otherwise only the
+    keys appended since the last look are read (cheap enough to run for every stored record).
+    """
     planned = load_campaign(store, campaign).host_specs(host)
-    records = {r.key(): r for r in store.records(campaign, host)}
+    path = store.records_path(campaign, host)
+    records = {r.key(): r for r in store.records(campaign, host)} if parse else {}
+    received = set(records) if parse else received_keys(path)
     lost = read_lost(store.host_dir(campaign, host) / LOST_FILE)
-    return HostProgress(host, planned, records, {k: v for k, v in lost.items() if k not in records})
+    lost = {k: v for k, v in lost.items() if k not in received}
+    return HostProgress(host, planned, received, lost, records)
 
 
 class Coordinator:
@@ -167,11 +203,27 @@ class Coordinator:
         raw = self.client.lrange(REJECTED_KEY.format(campaign=campaign), 0, -1)
         return [json.loads(x) for x in raw]
 
+    def accept_provenance(self, envelope: dict[str, Any]) -> dict[str, Any]:
+        """Store a host's signed provenance if its registered key signed it."""
+        host, campaign = str(envelope.get("host")), str(envelope.get("campaign"))
+        body = {"campaign": campaign, "host": host, "facts": envelope.get("facts")}
+        try:
+            public = self.registry.public_key(host)
+            if envelope.get("key_id") != f"{host}:{fingerprint(public)}":
+                raise RecordRejected(f"provenance of {host}: not signed by its registered key")
+            signature = base64.b64decode(str(envelope.get("ed25519")), validate=True)
+            public_key_from_b64(public).verify(signature, canonical_json(body))
+            load_campaign(self.store, campaign)
+        except (HostKeyError, RecordRejected, InvalidSignature, ValueError, StoreError) as exc:
+            return self.reject(dict(envelope), f"provenance of {host}: {exc or 'bad signature'}")
+        self.store.write_provenance(campaign, host, dict(envelope["facts"]))
+        return {"provenance": host}
+
     # --- finalization --------------------------------------------------------------------------
     def maybe_finalize(self, campaign: str, host: str) -> bool:
         """Queue ``finalize_host`` when the host is complete and not finalized as it stands."""
         progress = host_progress(self.store, campaign, host)
-        fingerprint = str(progress.outcomes())
+        fingerprint = progress.fingerprint()
         done = self.client.hget(FINALIZED_KEY.format(campaign=campaign), host)
         if not progress.complete() or done == fingerprint:
             return False
@@ -189,7 +241,7 @@ class Coordinator:
 
     def finalize(self, campaign: str, host: str) -> dict[str, Any]:
         """Re-apply the rule from the stored records and write the host's results and report."""
-        progress = host_progress(self.store, campaign, host)
+        progress = host_progress(self.store, campaign, host, parse=True)
         if not progress.complete():
             return {"host": host, "finalized": False, "missing": len(progress.missing())}
         from coordinator.policy import derive
@@ -198,7 +250,7 @@ class Coordinator:
         for v in violations:
             log.warning("campaign %s host %s: %s", campaign, host, v)
         write_results(self.store, campaign)
-        self.client.hset(FINALIZED_KEY.format(campaign=campaign), host, progress.outcomes())
+        self.client.hset(FINALIZED_KEY.format(campaign=campaign), host, progress.fingerprint())
         if self.all_finalized(campaign):
             self.client.srem(ACTIVE_CAMPAIGNS_KEY, campaign)
         log.info(
@@ -210,7 +262,7 @@ class Coordinator:
         """Whether every host of ``campaign`` is finalized as it stands."""
         done = self.client.hgetall(FINALIZED_KEY.format(campaign=campaign))
         return all(
-            done.get(h) == str(host_progress(self.store, campaign, h).outcomes())
+            done.get(h) == host_progress(self.store, campaign, h).fingerprint()
             for h in self.store.load_campaign(campaign).hosts
         )
 
@@ -237,7 +289,7 @@ class Coordinator:
     def sweep(self) -> None:
         """One pass over the active campaigns: record lost runs, finalize what is complete."""
         now = time.time()
-        for campaign in sorted(self.client.smembers(ACTIVE_CAMPAIGNS_KEY)):
+        for campaign in sorted(str(c) for c in self.client.smembers(ACTIVE_CAMPAIGNS_KEY)):
             try:
                 hosts = self.store.load_campaign(campaign).hosts
             except StoreError:

@@ -76,14 +76,14 @@ def _failures(progress: HostProgress) -> list[dict[str, Any]]:
 
 def host_status(store: Store, client: redis.Redis | None, campaign: str, host: str) -> HostStatus:
     """Status of ``host`` in ``campaign`` from the store (and Redis, when reachable)."""
-    progress = host_progress(store, campaign, host)
+    progress = host_progress(store, campaign, host, parse=True)
     missing = progress.missing()
     running: list[str] = []
     finalized = False
     if client is not None:
         running = [s.key() for s in missing if client.exists(ALIVE_KEY.format(key=s.key()))]
         done = client.hget(FINALIZED_KEY.format(campaign=campaign), host)
-        finalized = done == str(progress.outcomes()) and progress.complete()
+        finalized = done == progress.fingerprint() and progress.complete()
     return HostStatus(
         host=host,
         planned=len(progress.planned),

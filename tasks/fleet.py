@@ -22,7 +22,7 @@ from redis.retry import Retry
 from tasks.app import COORDINATOR_QUEUE
 from tasks.errors import FleetError
 from tasks.records import NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec, failed_fields
-from tasks.signing import HostKey, default_key_path, sign_record
+from tasks.signing import HostKey, canonical_json, default_key_path, sign_record
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ STARTED_KEY = "sandbench:started:{key}"  # set once when an attempt starts; neve
 ALIVE_KEY = "sandbench:alive:{key}"  # refreshed while the attempt runs; gone when its worker died
 DONE_KEY = "sandbench:done:{key}"  # the attempt's record was handed to the coordinator
 LOST_RUNS_KEY = "sandbench:lost-runs:{key}"  # deliveries that started and were lost
+PROVENANCE_KEY = "sandbench:provenance-sent:{campaign}/{host}"  # facts sent once per campaign
 CELL_FAILED_KEY = "sandbench:cell-failed:{campaign}/{host}/{mode}/{workload}/{attempt}"
 MARK_TTL_S = 30 * 24 * 3600
 ALIVE_TTL_S = 15
@@ -44,6 +45,7 @@ REDIS_RETRIES = 240  # with a 0.5 s cap: rides over a redis-server restart of a 
 TASK_RUN = "run_environment"
 TASK_STORE = "store_record"
 TASK_FINALIZE = "finalize_host"
+TASK_PROVENANCE = "store_provenance"
 
 
 def redis_client(url: str) -> redis.Redis:
@@ -168,12 +170,28 @@ def run_guarded(spec: EnvironmentSpec, host: str, work_root: Path) -> Environmen
         return EnvironmentRecord.from_spec(spec, **failed_fields("launcher-error", detail))
 
 
-def sign(record: EnvironmentRecord) -> EnvironmentRecord:
-    """``record`` signed with this host's key from ``$SANDBENCH_HOME/host.key``."""
+def host_key(host: str) -> HostKey:
+    """This host's key from ``$SANDBENCH_HOME/host.key`` (created on first use)."""
     path = default_key_path()
     if str(path) not in _KEYS:
-        _KEYS[str(path)] = HostKey.load_or_create(path, name=record.host)
-    return sign_record(record, _KEYS[str(path)])
+        _KEYS[str(path)] = HostKey.load_or_create(path, name=host)
+    return _KEYS[str(path)]
+
+
+def sign(record: EnvironmentRecord) -> EnvironmentRecord:
+    """``record`` signed with this host's key."""
+    return sign_record(record, host_key(record.host))
+
+
+def provenance_envelope(spec: EnvironmentSpec, host: str, work_root: Path) -> dict[str, Any]:
+    """This host's provenance for ``spec``'s campaign, signed with the host key."""
+    from worker.provenance import collect
+
+    facts = collect(host, work_root, campaign=spec.campaign, seed=spec.seed, cohort=spec.cohort,
+                    quota=spec.quota.model_dump(mode="json"))  # fmt: skip
+    body = {"campaign": spec.campaign, "host": host, "facts": facts}
+    key = host_key(host)
+    return {**body, "key_id": key.key_id, "ed25519": key.sign(canonical_json(body))}
 
 
 def execute(client: redis.Redis, spec: EnvironmentSpec, sent_at: float | None) -> dict[str, Any]:
@@ -210,7 +228,7 @@ def execute(client: redis.Redis, spec: EnvironmentSpec, sent_at: float | None) -
 def register_tasks(app: Celery) -> None:
     """Define the fleet's three tasks on ``app``."""
 
-    @app.task(name=TASK_RUN, bind=True)
+    @app.task(name=TASK_RUN, bind=True)  # type: ignore[untyped-decorator]  # celery is untyped
     def run_environment(self: Task, spec: dict[str, Any], sent_at: float | None = None) -> Any:
         """Run one environment on this host and hand its signed record to the coordinator."""
         client = process_client(self.app.conf.broker_url)
@@ -226,21 +244,44 @@ def register_tasks(app: Celery) -> None:
         )
         key = EnvironmentRecord.model_validate(payload).key()
         client.set(DONE_KEY.format(key=key), "1", ex=MARK_TTL_S)
+        send_provenance_once(self.app, client, payload)
         return {
             k: payload[k]
             for k in ("host", "mode", "workload", "env_index", "attempt", "outcome", "reason")
         }
 
-    @app.task(name=TASK_STORE, bind=True)
+    @app.task(name=TASK_STORE, bind=True)  # type: ignore[untyped-decorator]  # celery is untyped
     def store_record(self: Task, record: dict[str, Any]) -> dict[str, Any]:
         """Verify and store one record; finalize its host when every environment has one."""
         from coordinator.fleet import Coordinator
 
         return Coordinator.from_env(self.app).accept(record)
 
-    @app.task(name=TASK_FINALIZE, bind=True)
+    @app.task(name=TASK_PROVENANCE, bind=True)  # type: ignore[untyped-decorator]  # celery is untyped
+    def store_provenance(self: Task, envelope: dict[str, Any]) -> dict[str, Any]:
+        """Verify and store one host's provenance for a campaign."""
+        from coordinator.fleet import Coordinator
+
+        return Coordinator.from_env(self.app).accept_provenance(envelope)
+
+    @app.task(name=TASK_FINALIZE, bind=True)  # type: ignore[untyped-decorator]  # celery is untyped
     def finalize_host(self: Task, campaign: str, host: str) -> dict[str, Any]:
         """Re-apply the rule from the stored records and write one host's results."""
         from coordinator.fleet import Coordinator
 
         return Coordinator.from_env(self.app).finalize(campaign, host)
+
+
+def send_provenance_once(app: Celery, client: redis.Redis, record: dict[str, Any]) -> None:
+    """After a campaign's first environment on this host, send the host's provenance."""
+    campaign, host = record["campaign"], record["host"]
+    if not client.set(PROVENANCE_KEY.format(campaign=campaign, host=host), "1", nx=True,
+                      ex=MARK_TTL_S):  # fmt: skip
+        return
+    spec = EnvironmentSpec.model_validate(
+        {k: record[k] for k in ("campaign", "cohort", "host", "mode", "workload", "env_index")}
+        | {"seed": record.get("seed") or 0, "work_root": os.environ.get(WORK_ROOT_ENV, "/")}
+    )
+    envelope = provenance_envelope(spec, host, Path(spec.work_root))
+    app.send_task(TASK_PROVENANCE, args=[envelope], queue=COORDINATOR_QUEUE,
+                  argsrepr=f"{host} {campaign}")  # fmt: skip

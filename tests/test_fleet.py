@@ -107,6 +107,8 @@ def test_two_hosts_in_namespaces_run_each_environment_once_in_order(make_fleet: 
         with open(Store(fleet.data).host_dir(campaign, name) / "results.csv") as f:
             rows = list(csv.DictReader(f))
         assert rows and {row["host"] for row in rows} == {name}
+        provenance = Store(fleet.data).provenance(campaign, name)
+        assert provenance["host"] == name and provenance["campaign"] == campaign
     assert all(h["finalized"] for h in final["hosts"])
 
 

@@ -25,6 +25,9 @@ __all__ = ["make_fleet"]  # the fixture, re-used from test_fleet
 
 # Each fault test states its bound: dispatch to every host finalized, fault included.
 FAULT_BOUND_S = 120
+# A worker that never comes back: its heartbeat expires (15 s), the visibility timeout (6 s) and
+# the grace (4 s) pass, the coordinator's sweep (every 2 s) marks the environment lost.
+LOST_BOUND_S = 60
 
 
 def _running(fleet: Any) -> list[str]:
@@ -131,3 +134,25 @@ def test_coordinator_kill_and_restart_stores_everything_once(make_fleet: Any) ->
     records = assert_each_once(fleet, campaign, "lab-a")
     assert all(r.outcome == "passed" for r in records), [r.detail for r in records]
     assert (Path(store.host_dir(campaign, "lab-a")) / "results.csv").exists()
+
+
+def test_a_worker_that_never_returns_leaves_its_environment_marked_lost(make_fleet: Any) -> None:
+    """A worker killed for good: its environment is marked lost with a reason, the host final."""
+    fleet = make_fleet(["lab-a"])
+    fleet.register_hosts()
+    worker = fleet.start_worker("lab-a")
+    fleet.start_coordinator()
+    plan = write_plan(fleet.root / "plan.toml", environments=1, rounds=1, workloads=["publish"],
+                      modes=[slow_mode("slow", 3.0)])  # fmt: skip
+    start = time.monotonic()
+    campaign = dispatch(fleet, plan, "lab-a")
+    try:
+        wait_until(lambda: _running(fleet), 60, "the environment to start")
+        worker.kill9()
+        final = wait_finished(fleet, campaign, LOST_BOUND_S)
+    finally:
+        remove_leftover_cgroups(campaign)
+    assert time.monotonic() - start < LOST_BOUND_S + 60
+    (host,) = final["hosts"]
+    assert host["lost"] == 1 and host["outcomes"] == {}
+    assert host["failures"][0]["reason"].startswith("lost: worker stopped mid-environment")
