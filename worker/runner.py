@@ -23,10 +23,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime as dt
-import hashlib
 import os
 import shutil
-import stat
 import subprocess
 import threading
 import time
@@ -46,6 +44,7 @@ from worker.channel import (
 )
 from worker.modes import EnvContext, HostInfo, Mode, Preflight, get_mode
 from worker.modes.base import PAYLOAD_PYTHON
+from worker.modes.staged import snapshot, snapshot_diff
 from worker.procs import close_pipes, kill_process
 
 LAUNCH_FAILURE_CODES = (126, 127)  # the shell's "cannot execute" and "not found"
@@ -425,47 +424,8 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-# -- the workspace on the host: snapshot (staged modes) and guarded removal ----------------------
-HASH_CHUNK = 1 << 20
+# -- guarded removal of an environment's files -------------------------------------------------
 MNT_DETACH = 2
-
-
-Snapshot = dict[str, tuple[Any, ...]]
-
-
-def snapshot(root: Path) -> Snapshot:
-    """Every entry under ``root``: kind, permission bits and, for files, size and SHA-256."""
-    entries: Snapshot = {}
-    for directory, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = Path(directory, name)
-            info = path.lstat()
-            rel = str(path.relative_to(root))
-            if stat.S_ISLNK(info.st_mode):
-                entries[rel] = ("link", os.readlink(path))
-            elif stat.S_ISREG(info.st_mode):
-                entries[rel] = ("file", info.st_mode, info.st_size, _sha256(path))
-            else:
-                entries[rel] = ("other", info.st_mode)
-    return entries
-
-
-def snapshot_diff(before: Snapshot, after: Snapshot) -> list[str]:
-    """What changed between two snapshots, one line per path."""
-    changes = [f"missing {p}" for p in sorted(before.keys() - after.keys())]
-    changes += [f"extra {p}" for p in sorted(after.keys() - before.keys())]
-    both = sorted(before.keys() & after.keys())
-    changes += [f"changed {p}" for p in both if before[p] != after[p]]
-    return changes
-
-
-def _sha256(path: Path) -> str:
-    """SHA-256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def remove_tree(path: Path, work_root: Path) -> list[str]:
