@@ -272,6 +272,7 @@ class Dockerd:
 
     def ensure(self, timeout: float = READY_TIMEOUT_S) -> None:
         """Use the daemon, starting it on demand; an on-demand daemon stops with its last user."""
+        self.check_binary()
         self._hold_use()
         if not self.running():
             self.start(timeout, persistent=False)
