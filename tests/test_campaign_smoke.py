@@ -42,7 +42,7 @@ def test_smoke_preset_completes_and_report_reproduces(tmp_path: Path) -> None:
     assert available, "no mode can run on this host"
     failures = [f"{r.mode}/{r.workload}#{r.env_index}: {r.reason}: {r.detail}"
                 for r in records if r.mode in available and r.outcome != "passed"]  # fmt: skip
-    assert failures == []
+    assert failures == [], "\n".join(failures)
     unavailable = {r.mode for r in records if r.outcome == "not-run"} - available
     assert all((r.reason or "").startswith("preflight: ") for r in records if r.mode in unavailable)
     csv = data / cid / "hosts" / "lab-smoke" / "results.csv"
