@@ -57,7 +57,7 @@ def test_flower_api_lists_the_running_campaign_by_task_name(make_fleet: Any) -> 
     fleet.start_worker("lab-a")
     fleet.start_coordinator()
     plan = write_plan(fleet.root / "plan.toml", environments=3, rounds=1, workloads=["publish"],
-                      modes=[slow_mode("slow", 1.0)])  # fmt: skip
+                      modes=[slow_mode("slow", 2.0)])  # fmt: skip
     campaign = dispatch(fleet, plan, "lab-a")
     planned = {s.task_id for s in Store(fleet.data).load_campaign(campaign).specs}
 
