@@ -40,31 +40,38 @@ def _running(fleet: Any) -> list[str]:
 
 
 def test_rerun_task_id_reruns_the_failed_cell_as_a_new_attempt(make_fleet: Any) -> None:
-    """``rerun TASK_ID`` reruns the cell; results show attempt 2, records keep attempt 1."""
+    """``rerun TASK_ID`` and ``rerun --failed``: results show attempt 2, records keep attempt 1."""
     fleet = make_fleet(["lab-a"])
     fleet.register_hosts()
     fleet.start_worker("lab-a")
     fleet.start_coordinator()
     flag = fleet.root / "runtime-installed"
-    plan = write_plan(fleet.root / "plan.toml", environments=2, rounds=1, workloads=["publish"],
-                      modes=[flaky_mode("flaky", flag)])  # fmt: skip
+    workloads, modes = ["publish", "seq-write"], [flaky_mode("flaky", flag)]
+    plan = write_plan(fleet.root / "plan.toml", environments=2, rounds=1, workloads=workloads,
+                      modes=modes)  # fmt: skip
     campaign = dispatch(fleet, plan, "lab-a")
     first = wait_finished(fleet, campaign)
     failures = first["hosts"][0]["failures"]
-    assert len(failures) == 1 and first["hosts"][0]["outcomes"] == {"failed": 1, "not-run": 1}
+    assert len(failures) == 2 and first["hosts"][0]["outcomes"] == {"failed": 2, "not-run": 2}
     flag.touch()
-    out = fleet.cli("rerun", failures[0]["task_id"], "--data", str(fleet.data))
+    publish = next(f for f in failures if "/publish/" in f["key"])
+    out = fleet.cli("rerun", publish["task_id"], "--data", str(fleet.data))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith(f"campaign: {campaign}")
-    wait_until(lambda: status(fleet, campaign)["hosts"][0]["planned"] == 4, 30, "new attempt")
+    wait_until(lambda: status(fleet, campaign)["hosts"][0]["planned"] == 6, 30, "new attempt")
+    wait_finished(fleet, campaign)
+    out = fleet.cli("rerun", "--failed", campaign, "--data", str(fleet.data))
+    assert out.returncode == 0 and "requeued 2 environments" in out.stdout, out.stderr
     final = wait_finished(fleet, campaign)
     records = Store(fleet.data).records(campaign, "lab-a")
     by_attempt = {a: sorted(r.outcome for r in records if r.attempt == a) for a in (1, 2)}
-    assert by_attempt == {1: ["failed", "not-run"], 2: ["passed", "passed"]}
-    assert final["hosts"][0]["failures"][0]["superseded"] is True
+    assert by_attempt == {1: ["failed", "failed", "not-run", "not-run"], 2: ["passed"] * 4}
+    assert all(f["superseded"] for f in final["hosts"][0]["failures"])
     with open(Store(fleet.data).host_dir(campaign, "lab-a") / "results.csv") as f:
-        (row,) = list(csv.DictReader(f))
-    assert (row["attempt"], row["status"], row["passed"]) == ("2", "complete", "2")
+        rows = list(csv.DictReader(f))
+    assert [(r["attempt"], r["status"], r["passed"]) for r in rows] == [("2", "complete", "2")] * 2
+    text = fleet.cli("status", campaign, "--data", str(fleet.data)).stdout
+    assert "lab-a: 8 planned, 4 passed, 2 failed, 2 not run, 0 lost" in text and "finalized" in text
 
 
 def test_kill9_of_a_worker_mid_environment_reruns_it_once(make_fleet: Any) -> None:
