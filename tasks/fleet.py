@@ -1,8 +1,8 @@
 """Fleet tasks and their host-side bookkeeping in Redis: leases, done marks, failure flags.
 
-The three Celery tasks are thin adapters: ``run_environment`` (queue ``host.<name>``) runs one
-environment with the plain runner and signs its record; ``store_record`` and ``finalize_host``
-(queue ``coordinator``) call ``coordinator.fleet``.
+The Celery tasks are thin adapters: ``run_environment`` (queue ``host.<name>``) runs one
+environment with the plain runner and signs its record; ``store_record``, ``store_provenance``
+and ``finalize_host`` (queue ``coordinator``) call ``coordinator.fleet``.
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def execute(client: redis.Redis, spec: EnvironmentSpec, sent_at: float | None) -
 
 
 def register_tasks(app: Celery) -> None:
-    """Define the fleet's three tasks on ``app``."""
+    """Define the fleet's tasks on ``app``."""
 
     @app.task(name=TASK_RUN, bind=True)  # type: ignore[untyped-decorator]  # celery is untyped
     def run_environment(self: Task, spec: dict[str, Any], sent_at: float | None = None) -> Any:
