@@ -16,6 +16,7 @@ BROKER_HELP = "broker URL (default: $SANDBENCH_BROKER, else redis://127.0.0.1:63
 DATA_HELP = "data directory of the store"
 FLOWER_AUTH_ENVS = ("SANDBENCH_FLOWER_AUTH", "FLOWER_BASIC_AUTH")
 FOLLOW_INTERVAL_S = 2.0
+STATUS_TIMEOUT_S = 3.0
 WORKER_CONCURRENCY = "1"  # one environment at a time per host, whatever its CPU count
 
 broker_option = click.option("--broker", default=None, help=BROKER_HELP)
@@ -145,11 +146,20 @@ def coordinator_cmd(broker: str | None, data: Path, loglevel: str) -> None:
 @data_option
 def status_cmd(campaign: str, follow: bool, as_json: bool, broker: str | None, data: Path) -> None:
     """Per-host progress of a fleet campaign, failures with task ids, and what is left."""
+    import redis
+
     from coordinator.status import campaign_status, format_status
     from tasks.app import broker_url
-    from tasks.fleet import redis_client
 
-    client = redis_client(broker_url(broker))
+    probe = redis.Redis.from_url(
+        broker_url(broker), socket_connect_timeout=STATUS_TIMEOUT_S, decode_responses=True
+    )
+    client: redis.Redis | None = probe
+    try:
+        probe.ping()
+    except redis.RedisError as exc:
+        click.echo(f"broker unreachable ({exc}): status from the store only", err=True)
+        client = None
     store = _store(data)
     while True:
         status = campaign_status(store, client, campaign)
