@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 PAYLOAD = Path(__file__).resolve().parent / "payload.py"
-PAYLOAD_PYTHON = "/usr/bin/python3"
+PAYLOAD_PYTHON = os.environ.get("SANDBENCH_PYTHON", "/usr/bin/python3")  # as every mode
 EXIT_TIMEOUT_S = 30.0
 
 
