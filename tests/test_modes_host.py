@@ -53,22 +53,25 @@ def modes_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def listener() -> Iterator[tuple[socket.socket, list[str]]]:
     """A TCP listener on all host addresses that records every connection it accepts."""
     server = socket.create_server(("0.0.0.0", 0))
+    server.settimeout(0.1)
     accepted: list[str] = []
+    done = threading.Event()
 
     def accept() -> None:
-        while True:
+        while not done.is_set():
             try:
                 conn, peer = server.accept()
-            except OSError:
-                return
+            except TimeoutError:
+                continue
             accepted.append(peer[0])
             conn.close()
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     yield server, accepted
-    server.close()
+    done.set()
     thread.join(timeout=5)
+    server.close()
 
 
 def _host_address() -> str:
