@@ -96,6 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000,100000")
     sizes = [int(s) for s in parser.parse_args().sizes.split(",")]
+    print("report s = all of `sandbench report`: load, analysis, results.csv, plots, md, html")
     print(f"{'environments':>12} {'N/cell':>6} {'load s':>8} {'analysis s':>10} {'report s':>9}")
     for size in sizes:
         count, load, analysis, report = measure(size)
