@@ -117,7 +117,9 @@ def test_cli_status_reports_missing_guest(tmp_path: Path) -> None:
     assert status["guest"] is None and "sandbench vm prepare" in status["problem"]
 
 
-@pytest.mark.parametrize(("guest_status", "launcher_status"), [(3, 0), (5, 1), (13, 5), (0, 125)])
+@pytest.mark.parametrize(
+    ("guest_status", "launcher_status"), [(3, 0), (5, 1), (125, 61), (0, 125), (127, 127), (1, 1)]
+)
 def test_exit_wrapper_maps_qemu_status(
     tmp_path: Path, guest_status: int, launcher_status: int
 ) -> None:

@@ -16,13 +16,13 @@ DEBUG_EXIT_PORT = "0xf4"
 KERNEL_ARGS = "console=ttyS0 quiet panic=-1 reboot=t tsc=reliable no_timer_check i8042.noaux"
 
 # QEMU's exit status is 2*v+1 for a value v the guest writes to isa-debug-exit; the init writes
-# v = payload status + 1 (1..63), so this wrapper turns QEMU's status back into the payload's.
+# v = payload status + 1 (1..62), so this wrapper turns QEMU's status back into the payload's.
 # 0 means the guest stopped without reporting (crash, panic): that must not look like success.
 EXIT_WRAPPER = r"""
 console=$1; shift
 "$@"
 s=$?
-if [ "$s" -ge 3 ] && [ "$s" -le 127 ] && [ $((s % 2)) -eq 1 ]; then s=$(((s - 3) / 2));
+if [ "$s" -ge 3 ] && [ "$s" -le 125 ] && [ $((s % 2)) -eq 1 ]; then s=$(((s - 3) / 2));
 elif [ "$s" -eq 0 ]; then echo "sandbench-vm: guest stopped without a status" >&2; s=125; fi
 if [ "$s" -ne 0 ]; then echo "sandbench-vm: guest console tail:" >&2; tail -n 12 "$console" >&2; fi
 exit "$s"
