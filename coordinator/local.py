@@ -174,6 +174,7 @@ class LocalExecutor:
                 result.recorded_now += 1
                 result.counts[record.outcome] = result.counts.get(record.outcome, 0) + 1
                 progress.advance(task)
+            progress.update(task, description="stopped" if self.stop.is_set() else "done")
         result.stopped = not result.complete
         return result
 

@@ -74,7 +74,9 @@ def _value(v: Any, digits: int = 4) -> str:
 def tables_for(t: HostTables) -> list[Table | str]:
     """The main tables of one host, as rich renderables: task time, startup, coverage."""
     modes = list(dict.fromkeys(t.cells["mode"]))
-    table = Table(title=f"host {t.host}, cohort {t.cohort}: median environment task time (s)")
+    title = (f"host {t.host}, cohort {t.cohort}: median environment task time, s "
+             "(environment = sum of its rounds; median over its N environments)")  # fmt: skip
+    table = Table()
     table.add_column("workload")
     for m in modes:
         table.add_column(m, justify="right")
@@ -92,7 +94,8 @@ def tables_for(t: HostTables) -> list[Table | str]:
                 notes.append(f"[{len(notes) + 1}] {m} / {w}: {r.reason}")
                 row.append(f"— [{len(notes)}]")
         table.add_row(*row)
-    ready = Table(title=f"host {t.host}: Ready (ms) over passed environments")
+    ready_title = f"host {t.host}, cohort {t.cohort}: Ready, ms, over passed environments"
+    ready = Table()
     for col in ("mode", "n", "min", "median", "max"):
         ready.add_column(col, justify="left" if col == "mode" else "right")
     for r in t.startup.itertuples():
@@ -111,7 +114,7 @@ def tables_for(t: HostTables) -> list[Table | str]:
         f"no record {c['pending']}; complete cells {c['complete_cells']} of {c['cells']}; "
         f"valid round records {c['valid_rounds']}"
     )
-    return [table, *notes, ready, coverage]
+    return [title, table, *notes, ready_title, ready, coverage]
 
 
 def print_tables(analysis: Analysis, console: Console) -> None:
