@@ -160,6 +160,7 @@ def run_command(
         )  # fmt: skip
     out = Console(width=160) if not sys.stdout.isatty() else Console()
     if result.complete:
+        problems, _ = verify_and_mark(store, result.campaign_id, HostRegistry(registry_path))
         paths = write_report(store, result.campaign_id)
         if as_json:
             for record in store.records(result.campaign_id):
@@ -167,6 +168,8 @@ def run_command(
         else:
             print_tables(paths["analysis"], out)
             click.echo(f"report: {paths['html']}")
+        verdict = f"UNVERIFIED ({len(problems)} problems)" if problems else "verified"
+        click.echo(f"records: {verdict} (signatures and the first-failure rule)")
     click.echo(summary_line(result))
     click.echo(f"campaign: {result.campaign_id}")
     if not result.complete:
@@ -188,6 +191,18 @@ def report_command(campaign_id: str, data_dir: Path, quiet: bool) -> None:
         click.echo(f"wrote {p}")
 
 
+def verify_and_mark(
+    store: Store, campaign_id: str, registry: HostRegistry
+) -> tuple[list[str], int]:
+    """Verify a campaign, store the verdict (the report shows it); problems and records checked."""
+    problems = verify_campaign(store, campaign_id, registry)
+    checked = sum(1 for _ in store.raw_lines(campaign_id))
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    verdict = {"ok": not problems, "problems": problems, "records": checked, "checked_at": now}
+    store.write_verification(campaign_id, verdict)
+    return problems, checked
+
+
 @click.command("verify")
 @click.argument("campaign_id")
 @DATA_OPTION
@@ -195,11 +210,7 @@ def report_command(campaign_id: str, data_dir: Path, quiet: bool) -> None:
 def verify_command(campaign_id: str, data_dir: Path, registry_path: Path | None) -> None:
     """Check every record's signature and re-derive the first-failure rule from the records."""
     store = Store(data_dir)
-    problems = verify_campaign(store, campaign_id, HostRegistry(registry_path))
-    checked = sum(1 for _ in store.raw_lines(campaign_id))
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    result = {"ok": not problems, "problems": problems, "records": checked, "checked_at": now}
-    store.write_verification(campaign_id, result)
+    problems, checked = verify_and_mark(store, campaign_id, HostRegistry(registry_path))
     for p in problems:
         click.echo(f"problem: {p}")
     if problems:
