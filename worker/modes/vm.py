@@ -63,6 +63,8 @@ class VmMode:
             "qemu": qemu.qemu_version(),
             "machine": self.machine,
             "accel": verdict.get("accel"),
+            "accel_probe": accel.probe_summary(verdict),
+            "workspace": self.workspace_kind,
             **prepared.facts(),
         }
         if verdict.get("accel") is None:

@@ -121,6 +121,15 @@ def detect_accel(guest: Guest, refresh: bool = False) -> dict[str, object]:
     return verdict
 
 
+def probe_summary(verdict: dict[str, object]) -> str:
+    """One line per probe boot of a verdict, e.g. ``kvm: no ready in 20 s; tcg: ready in 6.2 s``."""
+    parts = []
+    for probe in verdict.get("probes") or []:  # type: ignore[attr-defined]
+        outcome = "ready" if probe["ready"] else "no ready"
+        parts.append(f"{probe['accel']}: {outcome} in {probe['seconds']} s")
+    return "; ".join(parts)
+
+
 def _probe_all(guest: Guest) -> dict[str, object]:
     """Probe KVM (when /dev/kvm exists) with a short bound, then TCG; pick the first that works."""
     probes: list[ProbeResult] = []
