@@ -175,8 +175,10 @@ def test_sigint_mid_environment_then_resume_records_each_once(lab: Lab) -> None:
     assert records is not None and records.read_text().count("\n") == 1
     assert _leftover_environments(lab) == []  # the interrupted environment was cleaned up
     assert not _sleepers()
-    out = lab.sandbench("run", "--resume", cid, *lab.run_args())
+    out = lab.sandbench("run", "--resume", cid, "--json", *lab.run_args())
     assert _campaign_id(out.stdout) == cid
+    printed = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [p["schema"] for p in printed] == [1, 1, 1] and all(p["signature"] for p in printed)
     recs = Store(lab.data).records(cid)
     assert sorted(r.env_index for r in recs) == [0, 1, 2]
     assert [r.outcome for r in recs] == ["passed"] * 3
