@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -81,19 +82,15 @@ def preflight(spec: EnvironmentSpec, host: HostInfo) -> Preflight:
     return preflight_of(mode, host, spec.mode_options)
 
 
-def _record_provenance(
-    store: Store, campaign_id: str, host: HostInfo, preflights: dict[str, Preflight]
-) -> None:
+def host_provenance(store: Store, campaign_id: str, host: HostInfo) -> dict[str, Any]:
+    """This host's provenance for a campaign (mode verdicts are added as they are known)."""
     from worker.provenance import collect
 
-    c = store.load_campaign(campaign_id)
-    plan = c.plan
-    modes = {name: {"ok": p.ok, "reason": p.reason, **p.facts} for name, p in preflights.items()}
-    facts = collect(
+    plan = store.load_campaign(campaign_id).plan
+    return collect(
         host.name, host.work_root, campaign=campaign_id, seed=plan.get("seed", 0),
-        cohort=plan.get("cohort", "default"), quota=plan.get("quota", {}), modes=modes,
+        cohort=plan.get("cohort", "default"), quota=plan.get("quota", {}),
     )  # fmt: skip
-    store.write_provenance(campaign_id, host.name, facts)
 
 
 class LocalExecutor:
@@ -113,6 +110,7 @@ class LocalExecutor:
         self.stop = stop or threading.Event()
         self.runner = runner
         self.preflights: dict[str, Preflight] = {}
+        self.provenance: dict[str, Any] = {"modes": {}}
         campaign = store.load_campaign(campaign_id)
         if key.name not in campaign.hosts:
             raise StoreError(
@@ -125,7 +123,9 @@ class LocalExecutor:
     def _preflight(self, spec: EnvironmentSpec) -> Preflight:
         if spec.mode not in self.preflights:
             self.preflights[spec.mode] = preflight(spec, self.host)
-            _record_provenance(self.store, self.campaign_id, self.host, self.preflights)
+            p = self.preflights[spec.mode]
+            self.provenance["modes"][spec.mode] = {"ok": p.ok, "reason": p.reason, **p.facts}
+            self.store.write_provenance(self.campaign_id, self.host.name, self.provenance)
         return self.preflights[spec.mode]
 
     def execute(self, spec: EnvironmentSpec) -> EnvironmentRecord | None:
@@ -154,8 +154,12 @@ class LocalExecutor:
         done = {r.key() for r in self.records}
         todo = [s for s in self.specs if s.key() not in done]
         result = RunResult(self.campaign_id, len(self.specs), len(self.specs) - len(todo))
-        if not self.preflights:
-            _record_provenance(self.store, self.campaign_id, self.host, {})
+        earlier = self.store.provenance(self.campaign_id, self.host.name)  # a resumed campaign
+        self.provenance = host_provenance(self.store, self.campaign_id, self.host)
+        self.provenance["modes"] = dict(earlier.get("modes", {}))
+        if earlier:
+            self.provenance["first_started"] = earlier.get("first_started", earlier.get("date"))
+        self.store.write_provenance(self.campaign_id, self.host.name, self.provenance)
         progress = _progress(console or Console(stderr=True), show_progress)
         with progress:
             task = progress.add_task(
