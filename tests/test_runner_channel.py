@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import psutil
@@ -13,6 +14,7 @@ import pytest
 from tasks.errors import SandbenchError
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 from worker import quota
+from worker.procs import spawn_marked
 from worker.runner import remove_tree, run_environment
 
 READY = '{"op": "ready"}'
@@ -115,3 +117,18 @@ def test_removal_refuses_paths_outside_the_work_root(tmp_path: Path) -> None:
     (work_root / "env" / "deep").mkdir(parents=True)
     assert remove_tree(work_root / "env", work_root) == []
     assert not (work_root / "env").exists()
+
+
+def test_spawn_marked_joins_before_the_marker() -> None:
+    """The launcher is already in its cgroup when it execs, and the marker precedes the exec."""
+    group = quota.create(quota.cgroup_name("test-spawn"), None)
+    try:
+        before = time.monotonic_ns()
+        proc, marker = spawn_marked(["/bin/cat", "/proc/self/cgroup"], group, stdout=PIPE)
+        out, _ = proc.communicate(timeout=10)
+        assert proc.returncode == 0 and before <= marker <= time.monotonic_ns()
+        assert group.path in out.decode()
+        with pytest.raises(FileNotFoundError):
+            spawn_marked(["/nonexistent/launcher"], group)
+    finally:
+        group.remove()

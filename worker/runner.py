@@ -45,7 +45,7 @@ from worker.channel import (
 from worker.modes import EnvContext, HostInfo, Mode, Preflight, get_mode
 from worker.modes.base import PAYLOAD_PYTHON
 from worker.modes.staged import snapshot, snapshot_diff
-from worker.procs import close_pipes, kill_process
+from worker.procs import close_pipes, kill_process, spawn_marked
 
 LAUNCH_FAILURE_CODES = (126, 127)  # the shell's "cannot execute" and "not found"
 ENOSPC_MARKERS = ("No space left on device", "ENOSPC", "[Errno 28]")
@@ -176,18 +176,14 @@ class _Run:
             argv = self.mode.launcher(self.env)
         except Exception as exc:  # a mode that cannot say what to launch cannot start
             raise Failed("launcher-error", f"mode launcher: {exc}") from exc
-        preexec = self.cgroup.preexec()
         with open(self.env.env_dir / STDERR_FILE, "wb") as stderr:
-            t0 = time.monotonic_ns()
-            try:
-                self.proc = subprocess.Popen(
-                    argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
-                    cwd=self.env.env_dir, preexec_fn=preexec, start_new_session=True, bufsize=0,
+            try:  # the marker t0: just before the launcher's exec, after the cgroup join
+                self.proc, t0 = spawn_marked(
+                    argv, self.cgroup, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=stderr, cwd=self.env.env_dir, bufsize=0,
                 )  # fmt: skip
-            except OSError as exc:
+            except (OSError, subprocess.SubprocessError) as exc:
                 raise Failed("launcher-error", f"cannot start {argv[0]}: {exc}") from exc
-            finally:
-                self.cgroup.close_preexec()
         deadline = t0 + int(self.spec.limit_s * 1e9)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         channel = Channel(self.proc.stdin, self.proc.stdout, self.stop)
