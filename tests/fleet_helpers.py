@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 import redis
 
+from coordinator.store import Store
+from tasks.records import EnvironmentRecord
 from tasks.signing import HostKey
+from tests.conftest import require, require_binary
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parents[1]
@@ -242,7 +247,8 @@ class Fleet:
         )  # fmt: skip
         return env
 
-    def _spawn(self, argv: list[str], env: dict[str, str], log_name: str) -> Proc:
+    def spawn(self, argv: list[str], env: dict[str, str], log_name: str) -> Proc:
+        """Start a process of this fleet (stopped by ``close``), logging to ``log_name``."""
         proc = Proc(argv, env, self.logs / f"{log_name}.log")
         self.procs.append(proc)
         return proc
@@ -255,7 +261,7 @@ class Fleet:
                 "--work-root", str(host.work_root), "--loglevel", "INFO"]  # fmt: skip
         if host.netns:  # nsenter, not `ip netns exec`: that remounts /sys and hides cgroups
             argv = ["nsenter", f"--net=/run/netns/{host.netns.name}", "--", *argv]
-        proc = self._spawn(argv, self.env(host.home, self.redis.url(address)), f"worker-{name}")
+        proc = self.spawn(argv, self.env(host.home, self.redis.url(address)), f"worker-{name}")
         self.workers[name] = proc
         wait_until(lambda: " ready." in proc.text() or not proc.alive(), 60, f"{name} ready")
         assert proc.alive(), proc.text()
@@ -264,7 +270,7 @@ class Fleet:
     def start_coordinator(self) -> Proc:
         """Start the coordinator on queue ``coordinator`` next to the store."""
         argv = [PYTHON, "-m", "coordinator", "coordinator", "--data", str(self.data)]
-        proc = self._spawn(argv, self.env(self.coordinator_home, self.redis.url()), "coordinator")
+        proc = self.spawn(argv, self.env(self.coordinator_home, self.redis.url()), "coordinator")
         self.coordinator = proc
         wait_until(lambda: " ready." in proc.text() or not proc.alive(), 60, "coordinator ready")
         assert proc.alive(), proc.text()
@@ -314,8 +320,6 @@ def write_plan(path: Path, **fields: Any) -> Path:
 
 def _toml(value: Any) -> str:
     """A TOML literal for the simple values plans use."""
-    import json
-
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict):
@@ -353,3 +357,67 @@ def remove_leftover_cgroups(campaign: str) -> None:
                     lambda g=group: not (g / "cgroup.procs").read_text().strip(), 10, "empty"
                 )
                 group.rmdir()
+
+
+CAMPAIGN_BOUND_S = 240  # a whole small campaign, dispatch to last finalization
+
+
+@pytest.fixture
+def make_fleet(tmp_path: Path) -> Iterator[Any]:
+    """Factory of test fleets (redis-server, workers, coordinator), all stopped afterwards."""
+    require_binary("redis-server")
+    fleets: list[Fleet] = []
+
+    def make(hosts: list[str], netns: bool = False) -> Fleet:
+        if netns:
+            require(os.geteuid() == 0 and bool(require_binary("ip")), "root for ip netns")
+        prefix = f"sbt{os.getpid() % 10000}" if netns else None
+        fleet = Fleet(tmp_path / f"fleet{len(fleets)}", hosts, prefix)
+        fleets.append(fleet)
+        fleet.redis.start()
+        return fleet
+
+    yield make
+    for fleet in fleets:
+        fleet.close()
+
+
+def dispatch(fleet: Fleet, plan: Path, hosts: str) -> str:
+    """Run ``sandbench dispatch`` and return the campaign id from its last line."""
+    out = fleet.cli("dispatch", str(plan), "--hosts", hosts, "--data", str(fleet.data))
+    assert out.returncode == 0, out.stderr
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith("campaign: "), out.stdout
+    return last.split(": ", 1)[1]
+
+
+def status(fleet: Fleet, campaign: str) -> dict[str, Any]:
+    """``sandbench status ID --json`` as a dict."""
+    out = fleet.cli("status", campaign, "--json", "--data", str(fleet.data))
+    assert out.returncode == 0, out.stderr
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def wait_finished(fleet: Fleet, campaign: str, timeout: float = CAMPAIGN_BOUND_S) -> dict[str, Any]:
+    """Wait until every host of ``campaign`` is finalized; its final status."""
+    try:
+        wait_until(lambda: status(fleet, campaign)["finished"], timeout, "every host finalized", 1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{status(fleet, campaign)}\n{fleet.logs_text()}") from None
+    return status(fleet, campaign)
+
+
+def records_of(fleet: Fleet, campaign: str, host: str) -> list[EnvironmentRecord]:
+    """Stored records of one host."""
+    return Store(fleet.data).records(campaign, host)
+
+
+def assert_each_once(fleet: Fleet, campaign: str, host: str) -> list[EnvironmentRecord]:
+    """Every planned environment of ``host`` has exactly one record, all from ``host``."""
+    planned = Store(fleet.data).load_campaign(campaign).host_specs(host)
+    records = records_of(fleet, campaign, host)
+    keys = [r.key() for r in records]
+    assert sorted(keys) == sorted(s.key() for s in planned), (keys, fleet.logs_text())
+    assert {r.host for r in records} == {host}
+    return records

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
-import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,73 +12,20 @@ from tasks.app import create_app
 from tasks.fleet import TASK_STORE
 from tasks.records import EnvironmentRecord
 from tasks.signing import HostKey, sign_record
-from tests.conftest import require, require_binary
-from tests.fleet_helpers import Fleet, wait_until, write_plan
+from tests.fleet_helpers import (
+    Fleet,
+    assert_each_once,
+    dispatch,
+    make_fleet,
+    records_of,
+    status,
+    wait_finished,
+    wait_until,
+    write_plan,
+)
 
 pytestmark = pytest.mark.fleet
-
-CAMPAIGN_BOUND_S = 240  # a whole small campaign, dispatch to last finalization
-
-
-@pytest.fixture
-def make_fleet(tmp_path: Path) -> Iterator[Any]:
-    """Factory of test fleets (redis-server, workers, coordinator), all stopped afterwards."""
-    require_binary("redis-server")
-    fleets: list[Fleet] = []
-
-    def make(hosts: list[str], netns: bool = False) -> Fleet:
-        if netns:
-            require(os.geteuid() == 0 and bool(require_binary("ip")), "root for ip netns")
-        prefix = f"sbt{os.getpid() % 10000}" if netns else None
-        fleet = Fleet(tmp_path / f"fleet{len(fleets)}", hosts, prefix)
-        fleets.append(fleet)
-        fleet.redis.start()
-        return fleet
-
-    yield make
-    for fleet in fleets:
-        fleet.close()
-
-
-def dispatch(fleet: Fleet, plan: Path, hosts: str) -> str:
-    """Run ``sandbench dispatch`` and return the campaign id from its last line."""
-    out = fleet.cli("dispatch", str(plan), "--hosts", hosts, "--data", str(fleet.data))
-    assert out.returncode == 0, out.stderr
-    last = out.stdout.strip().splitlines()[-1]
-    assert last.startswith("campaign: "), out.stdout
-    return last.split(": ", 1)[1]
-
-
-def status(fleet: Fleet, campaign: str) -> dict[str, Any]:
-    """``sandbench status ID --json`` as a dict."""
-    out = fleet.cli("status", campaign, "--json", "--data", str(fleet.data))
-    assert out.returncode == 0, out.stderr
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
-
-
-def wait_finished(fleet: Fleet, campaign: str, timeout: float = CAMPAIGN_BOUND_S) -> dict[str, Any]:
-    """Wait until every host of ``campaign`` is finalized; its final status."""
-    try:
-        wait_until(lambda: status(fleet, campaign)["finished"], timeout, "every host finalized", 1)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{status(fleet, campaign)}\n{fleet.logs_text()}") from None
-    return status(fleet, campaign)
-
-
-def records_of(fleet: Fleet, campaign: str, host: str) -> list[EnvironmentRecord]:
-    """Stored records of one host."""
-    return Store(fleet.data).records(campaign, host)
-
-
-def assert_each_once(fleet: Fleet, campaign: str, host: str) -> list[EnvironmentRecord]:
-    """Every planned environment of ``host`` has exactly one record, all from ``host``."""
-    planned = Store(fleet.data).load_campaign(campaign).host_specs(host)
-    records = records_of(fleet, campaign, host)
-    keys = [r.key() for r in records]
-    assert sorted(keys) == sorted(s.key() for s in planned), (keys, fleet.logs_text())
-    assert {r.host for r in records} == {host}
-    return records
+__all__ = ["make_fleet"]  # the fixture
 
 
 def test_two_hosts_in_namespaces_run_each_environment_once_in_order(make_fleet: Any) -> None:

@@ -12,13 +12,17 @@ import pytest
 from coordinator.store import Store
 from tests.fleet_helpers import (
     VISIBILITY_TIMEOUT_S,
+    assert_each_once,
+    dispatch,
     flaky_mode,
+    make_fleet,
     remove_leftover_cgroups,
     slow_mode,
+    status,
+    wait_finished,
     wait_until,
     write_plan,
 )
-from tests.test_fleet import assert_each_once, dispatch, make_fleet, status, wait_finished
 
 pytestmark = pytest.mark.fleet
 __all__ = ["make_fleet"]  # the fixture, re-used from test_fleet

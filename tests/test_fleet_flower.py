@@ -11,8 +11,17 @@ from typing import Any
 import pytest
 
 from coordinator.store import Store
-from tests.fleet_helpers import PYTHON, free_port, slow_mode, wait_until, write_plan
-from tests.test_fleet import dispatch, make_fleet, status, wait_finished
+from tests.fleet_helpers import (
+    PYTHON,
+    dispatch,
+    free_port,
+    make_fleet,
+    slow_mode,
+    status,
+    wait_finished,
+    wait_until,
+    write_plan,
+)
 
 pytestmark = pytest.mark.fleet
 __all__ = ["make_fleet"]
@@ -46,7 +55,7 @@ def test_flower_api_lists_the_running_campaign_by_task_name(make_fleet: Any) -> 
     port = free_port()
     env = fleet.env(fleet.coordinator_home, fleet.redis.url())
     env["SANDBENCH_FLOWER_AUTH"] = f"{FLOWER_USER}:{FLOWER_PASSWORD}"
-    flower = fleet._spawn(
+    flower = fleet.spawn(
         [PYTHON, "-m", "coordinator", "flower", "--port", str(port)], env, "flower"
     )
     base = f"http://127.0.0.1:{port}"
