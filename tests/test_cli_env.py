@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from worker.modes import mode_names
+
+READY_LINE = '{"op": "ready"}'
 
 
 def sandbench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -71,3 +76,27 @@ def test_bad_input_one_line_exit_2(tmp_path: Path, args: list[str], fix: str) ->
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("sandbench: error:") and fix in lines[0]
     assert not (tmp_path / "envs").exists()
+
+
+def test_env_run_ctrl_c_cleans_up(tmp_path: Path) -> None:
+    """Ctrl-C during env run kills the environment, removes its files and exits 130."""
+    marker = "62.5"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "coordinator", "env", "run", "--mode", "command", "--template",
+         f"echo '{READY_LINE}'; exec sleep {marker}", "--workload", "seq-write",
+         "--scale", "0.02", "--work-root", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not _running(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and not _running(marker)
+    assert not list((tmp_path / "envs").iterdir())
+
+
+def _running(marker: str) -> bool:
+    """Whether a process with ``marker`` in its command line is alive."""
+    return any(marker in (p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
