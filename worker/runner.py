@@ -157,7 +157,9 @@ class _Run:
             fixture = ensure_fixture(spec.workload, spec.seed, spec.scale, fixtures)
             copy_fixture(fixture, workspace)
             self.fixture = fixture
-        except OSError as exc:
+        except SandbenchError:  # bad input (a scale the workload refuses): not a result
+            raise
+        except Exception as exc:  # a full disk, a tool that failed while building the fixture
             raise Failed(_os_reason(exc), f"preparing the workspace: {exc}") from exc
         self.cgroup = cgroups.create(name, spec.quota)
         self.env = EnvContext(spec, workspace, env_dir, self.cgroup.path)
