@@ -232,7 +232,8 @@ def register_tasks(app: Celery) -> None:
     def run_environment(self: Task, spec: dict[str, Any], sent_at: float | None = None) -> Any:
         """Run one environment on this host and hand its signed record to the coordinator."""
         client = process_client(self.app.conf.broker_url)
-        payload = execute(client, EnvironmentSpec.model_validate(spec), sent_at)
+        planned = EnvironmentSpec.model_validate(spec)
+        payload = execute(client, planned, sent_at)
         if "duplicate" in payload:
             return payload
         self.app.send_task(
@@ -244,7 +245,7 @@ def register_tasks(app: Celery) -> None:
         )
         key = EnvironmentRecord.model_validate(payload).key()
         client.set(DONE_KEY.format(key=key), "1", ex=MARK_TTL_S)
-        send_provenance_once(self.app, client, payload)
+        send_provenance_once(self.app, client, planned)
         return {
             k: payload[k]
             for k in ("host", "mode", "workload", "env_index", "attempt", "outcome", "reason")
@@ -272,16 +273,12 @@ def register_tasks(app: Celery) -> None:
         return Coordinator.from_env(self.app).finalize(campaign, host)
 
 
-def send_provenance_once(app: Celery, client: redis.Redis, record: dict[str, Any]) -> None:
+def send_provenance_once(app: Celery, client: redis.Redis, spec: EnvironmentSpec) -> None:
     """After a campaign's first environment on this host, send the host's provenance."""
-    campaign, host = record["campaign"], record["host"]
-    if not client.set(PROVENANCE_KEY.format(campaign=campaign, host=host), "1", nx=True,
-                      ex=MARK_TTL_S):  # fmt: skip
+    marker = PROVENANCE_KEY.format(campaign=spec.campaign, host=spec.host)
+    if not client.set(marker, "1", nx=True, ex=MARK_TTL_S):
         return
-    spec = EnvironmentSpec.model_validate(
-        {k: record[k] for k in ("campaign", "cohort", "host", "mode", "workload", "env_index")}
-        | {"seed": record.get("seed") or 0, "work_root": os.environ.get(WORK_ROOT_ENV, "/")}
-    )
-    envelope = provenance_envelope(spec, host, Path(spec.work_root))
+    work_root = Path(os.environ.get(WORK_ROOT_ENV, spec.work_root))
+    envelope = provenance_envelope(spec, spec.host, work_root)
     app.send_task(TASK_PROVENANCE, args=[envelope], queue=COORDINATOR_QUEUE,
-                  argsrepr=f"{host} {campaign}")  # fmt: skip
+                  argsrepr=f"{spec.host} {spec.campaign}")  # fmt: skip

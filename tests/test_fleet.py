@@ -52,6 +52,7 @@ def test_two_hosts_in_namespaces_run_each_environment_once_in_order(make_fleet: 
         assert rows and {row["host"] for row in rows} == {name}
         provenance = Store(fleet.data).provenance(campaign, name)
         assert provenance["host"] == name and provenance["campaign"] == campaign
+        assert provenance["quota"]["memory_bytes"] == 1024**3  # the plan's quota
     assert all(h["finalized"] for h in final["hosts"])
 
 
