@@ -28,7 +28,7 @@ from coordinator.store import Store  # noqa: E402
 from tasks.app import create_app  # noqa: E402
 from tasks.records import EnvironmentRecord, RoundRecord  # noqa: E402
 from tasks.signing import HostKey, sign_record  # noqa: E402
-from tests.fleet_helpers import RedisServer  # noqa: E402
+from tests.fleet_helpers import OPS_APPENDFSYNC, RedisServer  # noqa: E402
 
 PLAN = """
 name = "finalizer-benchmark"
@@ -63,7 +63,7 @@ def main() -> None:
     """Print the time to build the store and the finalizer's time."""
     with tempfile.TemporaryDirectory(prefix="sb-bench-") as tmp:
         root = Path(tmp)
-        server = RedisServer(root / "redis", appendfsync="everysec")
+        server = RedisServer(root / "redis", appendfsync=OPS_APPENDFSYNC)
         server.start()
         app = create_app(server.url())
         try:

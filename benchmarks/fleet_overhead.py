@@ -26,7 +26,7 @@ from coordinator.fleet import STORED_AT_KEY  # noqa: E402
 from coordinator.store import Store  # noqa: E402
 from tasks.app import create_app  # noqa: E402
 from tasks.records import EnvironmentSpec  # noqa: E402
-from tests.fleet_helpers import Fleet, wait_until  # noqa: E402
+from tests.fleet_helpers import OPS_APPENDFSYNC, Fleet, wait_until  # noqa: E402
 
 DEFAULT_N = 40
 CAMPAIGN = "c-bench-overhead"
@@ -41,7 +41,7 @@ def p95(values: list[float]) -> float:
 def run(n: int, root: Path) -> tuple[list[float], list[float], list[float]]:
     """Run ``n`` environments one by one; broker-to-start and record-to-store in ms."""
     fleet = Fleet(root, ["lab-a"])
-    fleet.redis.appendfsync = "everysec"  # as in ops/redis.conf
+    fleet.redis.appendfsync = OPS_APPENDFSYNC
     fleet.redis.start()
     app = create_app(fleet.redis.url())
     client = fleet.redis.client()

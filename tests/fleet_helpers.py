@@ -31,6 +31,12 @@ VISIBILITY_TIMEOUT_S = 6
 RESTORE_INTERVAL_S = 1
 LOST_GRACE_S = 4
 STOP_TIMEOUT_S = 15
+# The fsync policy of the lab's Redis (ops/redis.conf); benchmarks use it.
+OPS_APPENDFSYNC = next(
+    line.split()[1]
+    for line in (REPO / "ops" / "redis.conf").read_text().splitlines()
+    if line.startswith("appendfsync ")
+)
 # Addresses of the veth pairs: 198.18.0.0/15 is reserved for network benchmark tests (RFC 2544).
 NETNS_SUBNET = "198.18.{index}.{host}"
 
@@ -63,7 +69,7 @@ class RedisServer:
     def __init__(
         self, directory: Path, binds: list[str] | None = None, appendfsync: str = "always"
     ) -> None:
-        self.appendfsync = appendfsync  # tests: always (a kill loses nothing); ops: everysec
+        self.appendfsync = appendfsync  # always: a kill -9 of the server loses nothing
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()

@@ -83,7 +83,7 @@ def test_systemd_units_verify(tmp_path: Path) -> None:
 
 
 def test_redis_conf_starts_a_persistent_server(tmp_path: Path) -> None:
-    """redis-server runs with ops/redis.conf: append-only on, no eviction, password required."""
+    """redis-server runs with ops/redis.conf: append-only, fsync always, no eviction, password."""
     server = require_binary("redis-server")
     port = free_port()
     argv = [server, str(REPO / "ops" / "redis.conf"), "--port", str(port), "--dir", str(tmp_path),
@@ -93,6 +93,7 @@ def test_redis_conf_starts_a_persistent_server(tmp_path: Path) -> None:
     try:
         wait_until(lambda: _pings(client), 20, "redis-server with ops/redis.conf")
         assert client.config_get("appendonly")["appendonly"] == "yes"
+        assert client.config_get("appendfsync")["appendfsync"] == "always"
         assert client.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(port=port).ping()
