@@ -83,7 +83,9 @@ def spawn_marked(
     The child forks and joins the cgroup first, then waits; the marker is taken right before
     it is released to exec the launcher. So the cgroup migration (which can cost tens of
     milliseconds when the kernel must wait for an RCU grace period) never lands in Ready.
-    ``Popen`` waits for the exec, so it runs in a helper thread meanwhile.
+    ``Popen`` waits for the exec, so a helper thread takes the marker and releases the child;
+    the caller's thread stays the child's parent (``PR_SET_PDEATHSIG``, as bwrap's
+    ``--die-with-parent`` uses, fires when the parent *thread* exits).
     """
     join_fds = cgroup.join_fds() if cgroup is not None else []
     joined_r, joined_w = os.pipe()
@@ -96,37 +98,28 @@ def spawn_marked(
         if os.read(go_r, 1) != b"g":  # the runner went away: never exec unsupervised
             os._exit(EXIT_ABANDONED)
 
-    spawned: dict[str, Any] = {}
-    thread = threading.Thread(target=_popen_into, args=(spawned, argv, _join_and_wait, popen))
+    marker: list[int] = []
+    spawned = threading.Event()
+    releaser = threading.Thread(target=_release, args=(joined_r, go_w, marker, spawned))
+    releaser.start()
     try:
-        thread.start()
-        _wait_readable(joined_r, thread)
-        marker = time.monotonic_ns()
-        os.write(go_w, b"g")
-        thread.join()
+        proc = subprocess.Popen(
+            list(argv), preexec_fn=_join_and_wait, start_new_session=True, **popen
+        )
     finally:
+        spawned.set()
+        releaser.join()
         for fd in (*join_fds, joined_r, joined_w, go_r, go_w):
             os.close(fd)
-    if "error" in spawned:
-        raise spawned["error"]
-    return spawned["proc"], marker
+    return proc, marker[0]
 
 
-def _popen_into(
-    spawned: dict[str, Any], argv: Sequence[str], preexec: Any, popen: dict[str, Any]
-) -> None:
-    """Popen in a helper thread; the process or the exception lands in ``spawned``."""
-    try:
-        spawned["proc"] = subprocess.Popen(
-            list(argv), preexec_fn=preexec, start_new_session=True, **popen
-        )
-    except BaseException as exc:  # re-raised in the caller's thread
-        spawned["error"] = exc
-
-
-def _wait_readable(fd: int, thread: threading.Thread) -> None:
-    """Wait until ``fd`` is readable or ``thread`` has finished (the spawn failed early)."""
+def _release(joined_r: int, go_w: int, marker: list[int], spawned: threading.Event) -> None:
+    """Wait for the child's "joined", take the marker, let the child exec."""
     with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        while thread.is_alive() and not selector.select(SPAWN_POLL_S):
-            pass
+        selector.register(joined_r, selectors.EVENT_READ)
+        while not selector.select(SPAWN_POLL_S):
+            if spawned.is_set():  # Popen failed before the child could join
+                return
+    marker.append(time.monotonic_ns())
+    os.write(go_w, b"g")
