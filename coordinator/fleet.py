@@ -47,6 +47,7 @@ SWEEP_INTERVAL_S = 2.0
 # had time to come back (visibility timeout) and run again; this is extra grace on top.
 LOST_GRACE_ENV = "SANDBENCH_LOST_GRACE"
 DEFAULT_LOST_GRACE_S = 600
+LOST_REASON = "lost: worker stopped mid-environment and the environment did not come back"
 
 
 def data_dir() -> Path:
@@ -86,10 +87,16 @@ class HostProgress:
 
 
 _RECEIVED: dict[Path, tuple[int, set[str]]] = {}
+_RECEIVED_LOCK = threading.Lock()  # the task thread and the sweep thread share the index
 
 
 def received_keys(path: Path) -> set[str]:
     """Keys of the records in ``path``, reading only what was appended since the last call."""
+    with _RECEIVED_LOCK:
+        return _received_keys(path)
+
+
+def _received_keys(path: Path) -> set[str]:
     offset, keys = _RECEIVED.get(path, (0, set()))
     size = path.stat().st_size if path.exists() else 0
     if size < offset:  # replaced: start over
@@ -297,13 +304,7 @@ class Coordinator:
             for host in hosts:
                 progress = host_progress(self.store, campaign, host)
                 for spec in self.lost_runs(progress, now):
-                    self.mark_lost(
-                        campaign,
-                        host,
-                        spec,
-                        "lost: worker stopped mid-environment "
-                        "and the environment did not come back",
-                    )
+                    self.mark_lost(campaign, host, spec, LOST_REASON)
                 self.maybe_finalize(campaign, host)
 
     def watch(self, stop: threading.Event) -> None:
