@@ -55,7 +55,8 @@ def fmt(value: Any, digits: int = 4) -> str:
     """A number with ``digits`` significant digits, '—' for a missing one."""
     if value is None or math.isnan(float(value)):
         return "—"
-    return f"{float(value):.{digits}g}"
+    v = float(value)
+    return f"{v:.0f}" if abs(v) >= 10 ** (digits - 1) else f"{v:.{digits}g}"
 
 
 def cell_table(t: HostTables, workloads: list[str], caption: str) -> Table | None:
@@ -121,7 +122,7 @@ def headline(t: HostTables, workflows: list[str]) -> list[str]:
     return out
 
 
-def _startup_table(t: HostTables) -> Table:
+def startup_table(t: HostTables) -> Table:
     rows: list[list[str | tuple[str, int]]] = [
         [str(r.mode), str(r.n), fmt(r.ready_ms_min), fmt(r.ready_ms_median), fmt(r.ready_ms_max)]
         for r in t.startup.itertuples()
@@ -198,7 +199,7 @@ def host_blocks(t: HostTables, provenance: dict[str, Any], plot_dir: Path) -> li
         plots.relative_heatmap(t, mech, plot_dir / f"{slug}-mechanisms-relative") if mech else None
     )
     blocks += [("plot", paths)] if paths else []
-    blocks += [("h3", "Ready and the startup range"), ("table", _startup_table(t))]
+    blocks += [("h3", "Ready and the startup range"), ("table", startup_table(t))]
     paths = plots.startup_range(t, plot_dir / f"{slug}-startup")
     blocks += [("plot", paths)] if paths else []
     blocks += [("h3", "Coverage"), ("table", _coverage_table(t))]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import signal
 import sys
 import threading
@@ -12,7 +11,6 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import click
 from rich.console import Console
@@ -24,7 +22,8 @@ from coordinator.local import DEFAULT_WORK_ROOT, run_campaign, summary_line
 from coordinator.plan import PRESETS, Plan, load_plan, preset
 from coordinator.policy import verify_campaign
 from coordinator.registry import HostRegistry
-from coordinator.report import write_report
+from coordinator.report import TASK_UNIT, cell_table, startup_table, write_report
+from coordinator.report import Table as ReportTable
 from coordinator.store import Store
 from tasks.errors import PlanError
 from tasks.signing import HostKey
@@ -67,54 +66,31 @@ def _stop_on_signals(stop: threading.Event, console: Console) -> Iterator[None]:
             signal.signal(s, h)
 
 
-def _value(v: Any, digits: int = 4) -> str:
-    return "—" if v is None or math.isnan(float(v)) else f"{float(v):.{digits}g}"
+def _rich(table: ReportTable) -> list[Table | str]:
+    """A report table as a rich table, its caption above and its notes below."""
+    out = Table()
+    for i, name in enumerate(table.header):
+        out.add_column(name, justify="left" if i == 0 else "right")
+    for row in table.rows:
+        out.add_row(*(f"{c[0]} [{c[1]}]" if isinstance(c, tuple) else c for c in row))
+    return [table.caption, out, *(f"[{i}] {n}" for i, n in enumerate(table.notes, 1))]
 
 
 def tables_for(t: HostTables) -> list[Table | str]:
     """The main tables of one host, as rich renderables: task time, startup, coverage."""
-    modes = list(dict.fromkeys(t.cells["mode"]))
-    title = (f"host {t.host}, cohort {t.cohort}: median environment task time, s "
-             "(environment = sum of its rounds; median over its N environments)")  # fmt: skip
-    table = Table()
-    table.add_column("workload")
-    for m in modes:
-        table.add_column(m, justify="right")
-    notes: list[str] = []
-    by_key = {(r.mode, r.workload): r for r in t.cells.itertuples()}
-    for w in dict.fromkeys(t.cells["workload"]):
-        row = [w]
-        for m in modes:
-            r = by_key.get((m, w))
-            if r is None:
-                row.append("")
-            elif r.status == "complete":
-                row.append(_value(r.task_s_median))
-            else:
-                notes.append(f"[{len(notes) + 1}] {m} / {w}: {r.reason}")
-                row.append(f"— [{len(notes)}]")
-        table.add_row(*row)
-    ready_title = f"host {t.host}, cohort {t.cohort}: Ready, ms, over passed environments"
-    ready = Table()
-    for col in ("mode", "n", "min", "median", "max"):
-        ready.add_column(col, justify="left" if col == "mode" else "right")
-    for r in t.startup.itertuples():
-        ready.add_row(
-            str(r.mode),
-            str(r.n),
-            _value(r.ready_ms_min),
-            _value(r.ready_ms_median),
-            _value(r.ready_ms_max),
-        )
+    caption = f"host {t.host}, cohort {t.cohort}: {TASK_UNIT}"
+    cells = cell_table(t, list(dict.fromkeys(t.cells["workload"])), caption)
+    ready = startup_table(t)
+    ready.caption = f"host {t.host}, cohort {t.cohort}: {ready.caption}"
     c = t.coverage
     coverage = (
         f"coverage: planned {c['planned']}, ran {c['ran']}, passed {c['passed']}, "
-        f"failed {c['failed']}, "
-        f"not run (rule) {c['not_run_rule']}, not run (preflight) {c['not_run_preflight']}, "
-        f"no record {c['pending']}; complete cells {c['complete_cells']} of {c['cells']}; "
+        f"failed {c['failed']}, not run (rule) {c['not_run_rule']}, "
+        f"not run (preflight) {c['not_run_preflight']}, no record {c['pending']}; "
+        f"complete cells {c['complete_cells']} of {c['cells']}; "
         f"valid round records {c['valid_rounds']}"
     )
-    return [title, table, *notes, ready_title, ready, coverage]
+    return [*(_rich(cells) if cells else []), *_rich(ready), coverage]
 
 
 def print_tables(analysis: Analysis, console: Console) -> None:
