@@ -30,7 +30,10 @@ WRITES_SYNC = (
 )
 READS_META = ("read-small", "stat-tree", "readdir-wide", "read-large", "delete-tree", "copy-tree")
 CSV_FLOAT = "%.6f"
-TASK_UNIT = "median environment task time, s (environment = sum of its rounds; median over N)"
+TASK_UNIT = (
+    "median environment task time, s (environment = sum of its rounds; median over N; "
+    "[95% bootstrap interval] when N >= 10, P95 when N >= 30)"
+)
 CSS = """body{font:14px/1.45 system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #bbb;padding:2px 7px}
 td.num{text-align:right;font-variant-numeric:tabular-nums}td.missing{text-align:center;color:#a00}
@@ -74,17 +77,22 @@ def cell_table(t: HostTables, workloads: list[str], caption: str) -> Table | Non
             if r is None:
                 row.append("not planned")
             elif r.status == "complete":
-                ci = (
-                    f" [{fmt(r.task_s_ci_low)}, {fmt(r.task_s_ci_high)}]"
-                    if fmt(r.task_s_ci_low) != "—"
-                    else ""
-                )
-                row.append(f"{fmt(r.task_s_median)}{ci}")
+                row.append(_median_text(r))
             else:
                 table.notes.append(f"{m} / {w}: {r.reason}")
                 row.append(("—", len(table.notes)))
         table.rows.append(row)
     return table
+
+
+def _median_text(r: Any) -> str:
+    """Median, with its 95% interval (N >= 10) and P95 (N >= 30) when the cell has them."""
+    text = fmt(r.task_s_median)
+    if fmt(r.task_s_ci_low) != "—":
+        text += f" [{fmt(r.task_s_ci_low)}, {fmt(r.task_s_ci_high)}]"
+    if fmt(r.task_s_p95) != "—":
+        text += f" P95 {fmt(r.task_s_p95)}"
+    return text
 
 
 def _groups(t: HostTables) -> dict[str, list[str]]:
