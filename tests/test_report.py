@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -94,3 +95,17 @@ def test_html_is_self_contained_and_renders(tmp_path: Path) -> None:
     assert (pixels < 128).mean() > 0.005  # text and plots, not a blank page
     keep = Path("/tmp/sandbench-report-screenshot.png")  # left for a person to look at
     shutil.copy(shot, keep)
+
+
+def test_tails_are_shown_only_when_n_allows() -> None:
+    """N=3 shows the median alone; N=30 adds the bootstrap interval and P95 beside it."""
+    from test_analysis import _rec, _spec
+
+    from coordinator.analysis import analyze
+    from coordinator.report import cell_table
+
+    for n, pattern in ((3, r"2"), (30, r"15\.5 \[\d+(\.\d+)?, \d+(\.\d+)?\] P95 28\.55")):
+        specs = [_spec("lab-a", "native", "publish", i) for i in range(n)]
+        records = [_rec(s, [float(s.env_index + 1)], 1.0) for s in specs]
+        table = cell_table(analyze(records, specs).tables[0], ["publish"], "caption")
+        assert table is not None and re.fullmatch(pattern, str(table.rows[0][1]))
