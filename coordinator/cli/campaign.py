@@ -127,6 +127,8 @@ def run_command(
     plan = None if resume_id else _plan_from(plan_path, preset_name)
     key = HostKey.load_or_create(key_path, name=host_name)
     store, err = Store(data_dir), Console(stderr=True)
+    for line in describe(plan[1]) if plan else [f"resuming campaign {resume_id}"]:
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
     stop = threading.Event()
     with _stop_on_signals(stop, err):
         result = run_campaign(
