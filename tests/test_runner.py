@@ -166,3 +166,19 @@ def test_no_space(small_tmpfs: Path) -> None:
     record = run(small_tmpfs, "seq-write", scale=1.0)
     assert_failed(record, "no-space")
     assert record.failure_class == "resource"
+
+
+BUSY_THEN_PAYLOAD = (
+    "{python} -I -S -c 'import hashlib, threading, time\n"
+    "def spin():\n"
+    "    while True: hashlib.sha256(bytes(1 << 20)).digest()\n"
+    "[threading.Thread(target=spin, daemon=True).start() for _ in range(4)]\n"
+    "time.sleep(2)' && exec {payload_argv}"
+)
+
+
+def test_environment_quota_caps_cpu(root: Path) -> None:
+    """The environment's whole tree is capped by its quota: 4 busy threads, 0.5 core, 2 s."""
+    record = run(root, template=BUSY_THEN_PAYLOAD, quota=Quota(cpus="0", cpu_quota=0.5))
+    assert record.outcome == "passed", record.detail
+    assert record.cpu_s is not None and 0.2 < record.cpu_s <= 0.5 * 2.0 * 1.1 + 0.2
