@@ -93,8 +93,6 @@ def test_html_is_self_contained_and_renders(tmp_path: Path) -> None:
     pixels = np.asarray(Image.open(shot).convert("L"))
     assert pixels.shape == (2400, 1280)
     assert (pixels < 128).mean() > 0.005  # text and plots, not a blank page
-    keep = Path("/tmp/sandbench-report-screenshot.png")  # left for a person to look at
-    shutil.copy(shot, keep)
 
 
 def test_tails_are_shown_only_when_n_allows() -> None:
