@@ -1,4 +1,4 @@
-"""sandbench coordinator: plan -> campaign -> dispatch; store; first-failure policy; analysis; report.
+"""sandbench coordinator: plan -> campaign -> dispatch; store; policy; analysis; report.
 
 Glossary (use these words, and only these, for these things):
 

@@ -25,7 +25,8 @@ def require(ok: bool, capability: str) -> None:
 
 def require_binary(name: str) -> str:
     """Path of binary ``name``, or a reasoned skip (failure in CI)."""
-    path = shutil.which(name) or (f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None)
+    sbin = Path("/usr/sbin") / name
+    path = shutil.which(name) or (str(sbin) if sbin.exists() else None)
     require(path is not None, f"binary '{name}' (install it with ops/setup.sh)")
     assert path is not None
     return path

@@ -1,4 +1,4 @@
-"""``sandbench host ...`` and ``sandbench hosts ...``: this host's key, the trusted registry, its daemons.
+"""``sandbench host`` and ``sandbench hosts``: this host's key, the trusted registry, its daemons.
 
 The commands live in plug-in modules (``host_keys``, ``host_docker``) so each area owns its file.
 """
