@@ -8,5 +8,7 @@ bash ops/setup.sh
 export CI="${CI:-}"
 echo "==> ruff"
 .venv/bin/ruff check coordinator worker tasks workloads tests benchmarks
+echo "==> mypy (strict, the four packages)"
+.venv/bin/mypy
 echo "==> pytest"
 exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
