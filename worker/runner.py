@@ -43,7 +43,7 @@ from worker.channel import (
     Message,
 )
 from worker.modes import EnvContext, HostInfo, Mode, Preflight, get_mode
-from worker.modes.base import PAYLOAD_PYTHON
+from worker.modes.base import PAYLOAD_PYTHON, cgroup_overhead, mode_oom_killed
 from worker.modes.staged import snapshot, snapshot_diff
 from worker.procs import close_pipes, kill_process, spawn_marked
 
@@ -161,7 +161,10 @@ class _Run:
             raise
         except Exception as exc:  # a full disk, a tool that failed while building the fixture
             raise Failed(_os_reason(exc), f"preparing the workspace: {exc}") from exc
-        self.cgroup = cgroups.create(name, spec.quota)
+        quota = spec.quota
+        if overhead := cgroup_overhead(self.mode):  # room for the mode's client beside the quota
+            quota = quota.model_copy(update={"memory_bytes": quota.memory_bytes + overhead})
+        self.cgroup = cgroups.create(name, quota)
         self.env = EnvContext(spec, workspace, env_dir, self.cgroup.path)
         try:
             self.prepared = True
@@ -281,7 +284,17 @@ class _Run:
         if self.cgroup is not None:
             self.fields["cpu_s"] = self.cgroup.cpu_seconds()
             self.fields["peak_memory_bytes"] = self.cgroup.peak_memory()
-            self.fields["oom"] = self.cgroup.oom_killed()
+            self.fields["oom"] = self.cgroup.oom_killed() or self._mode_oom()
+
+    def _mode_oom(self) -> bool:
+        """The mode's own OOM verdict (a sandbox with its own memory cgroup), before cleanup."""
+        if self.env is None or not self.prepared:
+            return False
+        try:
+            return mode_oom_killed(self.mode, self.env)
+        except Exception as exc:  # a verdict we cannot get is noted, never a crash
+            self.problems.append(f"mode OOM check: {exc}")
+            return False
 
     def _check_result(self, workload: Any) -> None:
         """The oracle on the result root, then (staged) the original workspace's integrity."""

@@ -53,9 +53,28 @@ class EnvContext:
         ]
 
 
+def cgroup_overhead(mode: object) -> int:
+    """Bytes a mode's own helpers (e.g. the docker client) add to the environment's cgroup.
+
+    A mode whose launcher is a client of a sandbox with its own memory limit (docker) sets
+    ``cgroup_overhead_bytes`` so the environment's cgroup leaves room for the client and the
+    sandbox's limit, which equals the quota, is the one that binds.
+    """
+    return int(getattr(mode, "cgroup_overhead_bytes", 0))
+
+
+def mode_oom_killed(mode: object, env: EnvContext) -> bool:
+    """Whether the mode saw an OOM kill the environment's cgroup cannot show (optional hook)."""
+    hook = getattr(mode, "oom_killed", None)
+    return bool(hook(env)) if hook is not None else False
+
+
 @runtime_checkable
 class Mode(Protocol):
-    """An execution mode: how the payload is launched, synchronized and checked."""
+    """An execution mode: how the payload is launched, synchronized and checked.
+
+    Optional: ``cgroup_overhead_bytes`` and ``oom_killed(env)`` (see ``cgroup_overhead``).
+    """
 
     name: str
     staged: bool  # works on a copy; the original workspace must stay intact

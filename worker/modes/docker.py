@@ -41,8 +41,9 @@ WORKSPACE_IN = "/ws"  # the workspace as the payload sees it
 PAYLOAD_IN = "/sandbench/payload.py"
 LABEL_KEY = "sandbench.env"
 CONTAINER_PREFIX = "sandbench-"
-CHOOM = "/usr/bin/choom"  # util-linux: run a command with an OOM score adjustment
-LAUNCHER_OOM_SCORE_ADJ = 1000  # the docker client dies first when the environment is over
+# Room in the environment's memory cgroup for the docker client (~11 MB resident) beside the
+# container, whose own limit equals the quota and so is the one that binds.
+CLIENT_MEMORY_BYTES = 64 * 1024 * 1024
 REMOVE_WAIT_S = 30.0
 REMOVE_POLL_S = 0.1
 # Shell run once in a container at preflight: the tool versions this mode really runs.
@@ -156,6 +157,7 @@ class DockerMode:
 
     name = "docker"
     staged = False
+    cgroup_overhead_bytes = CLIENT_MEMORY_BYTES
 
     def __init__(self, daemon: Dockerd | None = None) -> None:
         self.daemon = daemon or Dockerd()
@@ -210,16 +212,17 @@ class DockerMode:
         env.state["image_id"] = image["image_id"]
 
     def launcher(self, env: EnvContext) -> list[str]:
-        """``docker start -ai``: attach stdin/stdout, start the container, wait for its exit.
+        """``docker start -ai``: attach stdin/stdout, start the container, wait for its exit."""
+        return self.daemon.client("start", "--attach", "--interactive", container_name(env))
 
-        The client runs in the environment's cgroup and is made the first OOM victim: the
-        environment's memory cgroup then counts the kill (cgroup v1 counts a kill only in the
-        victim's own memory cgroup, and the container's is a child docker removes on exit).
+    def oom_killed(self, env: EnvContext) -> bool:
+        """Docker's own OOM verdict for the container, read before cleanup removes it.
+
+        The environment's cgroup cannot show it: cgroup v1 counts a kill only in the victim's
+        own memory cgroup, the container's, which docker removes when the container stops.
         """
-        start = self.daemon.client("start", "--attach", "--interactive", container_name(env))
-        if os.path.exists(CHOOM):
-            return [CHOOM, "-n", str(LAUNCHER_OOM_SCORE_ADJ), "--", *start]
-        return start
+        out = self.daemon.run("inspect", "--format", "{{.State.OOMKilled}}", container_name(env))
+        return out.strip() == "true"
 
     def sync(self, env: EnvContext, round: int) -> None:
         """Nothing: the workspace is a bind mount; the payload's fsync reaches the host file."""
