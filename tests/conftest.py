@@ -38,3 +38,11 @@ def work_root(tmp_path: Path) -> Iterator[Path]:
     root = tmp_path / "work"
     root.mkdir()
     yield root
+
+
+@pytest.fixture(scope="session")
+def modes_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One work root for every mode's all-workloads test (fixtures built once per session)."""
+    root = tmp_path_factory.getbasetemp() / "modes-work"
+    root.mkdir(exist_ok=True)
+    return root

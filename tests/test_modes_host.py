@@ -41,14 +41,6 @@ print(json.dumps(result))
 """
 
 
-@pytest.fixture(scope="session")
-def modes_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One work root for every mode's all-workloads test (fixtures built once per session)."""
-    root = tmp_path_factory.getbasetemp() / "modes-work"
-    root.mkdir(exist_ok=True)
-    return root
-
-
 @pytest.fixture
 def listener() -> Iterator[tuple[socket.socket, list[str]]]:
     """A TCP listener on all host addresses that records every connection it accepts."""

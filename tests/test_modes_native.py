@@ -14,14 +14,6 @@ from workloads.registry import WORKLOADS
 SCALE = 0.02
 
 
-@pytest.fixture(scope="session")
-def modes_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One work root for every mode's all-workloads test (fixtures built once per session)."""
-    root = tmp_path_factory.getbasetemp() / "modes-work"
-    root.mkdir(exist_ok=True)
-    return root
-
-
 def test_preflight() -> None:
     """native's preflight passes and names the payload interpreter's version."""
     preflight = get_mode("native").preflight(HostInfo())

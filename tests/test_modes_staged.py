@@ -17,14 +17,6 @@ from workloads.registry import WORKLOADS
 SCALE = 0.02
 
 
-@pytest.fixture(scope="session")
-def modes_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One work root for every mode's all-workloads test (fixtures built once per session)."""
-    root = tmp_path_factory.getbasetemp() / "modes-work"
-    root.mkdir(exist_ok=True)
-    return root
-
-
 def test_preflight() -> None:
     """staged's preflight mounts a probe overlay here and passes."""
     preflight = get_mode("staged").preflight(HostInfo())
