@@ -28,7 +28,7 @@ from typing import Any
 from tasks.errors import ModeUnavailable
 from worker.modes.base import EnvContext, HostInfo, Preflight
 from worker.vm import accel, guest, qemu
-from worker.vm.job import Job, WorkspaceKind
+from worker.vm.job import GUEST_PAYLOAD, Job, WorkspaceKind
 
 CONSOLE_LOG = "console.log"
 JOB_FILE = "guest-job.sh"
@@ -100,7 +100,8 @@ class VmMode:
         job = Job(
             workspace=str(env.workspace),
             kind=self.workspace_kind,
-            argv=env.payload_argv(str(env.workspace)),
+            argv=env.payload_argv(str(env.workspace), payload=GUEST_PAYLOAD),
+            payload_file=str(env.payload.resolve()),
             hold=bool(options.get("guest_hold", False)),
         )
         config = qemu.GuestConfig(

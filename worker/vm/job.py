@@ -20,13 +20,19 @@ GUEST_ENV = {
 }
 
 
+# Where the guest finds payload.py: a read-only bind of the host's file, made by the init
+# before it mounts the guest's /tmp (which would hide a payload under the host's /tmp).
+GUEST_PAYLOAD = "/run/sandbench/payload.py"
+
+
 @dataclass
 class Job:
     """One guest run: the workspace mount and the payload command."""
 
     workspace: str  # path of the workspace inside the guest
     kind: WorkspaceKind
-    argv: list[str] = field(default_factory=list)
+    argv: list[str] = field(default_factory=list)  # runs GUEST_PAYLOAD
+    payload_file: str = ""  # payload.py on the host (seen through the read-only host root)
     hold: bool = False  # test hook: never start the payload (a guest that never becomes ready)
     probe: bool = False  # only announce readiness and exit 0 (accelerator probe)
 
@@ -37,6 +43,8 @@ class Job:
             "WS_PATH": self.workspace,
             "WS_KIND": self.kind,
             "PAYLOAD": shlex.join(command),
+            "PAYLOAD_FILE": self.payload_file,
+            "GUEST_PAYLOAD": GUEST_PAYLOAD,
             "HOLD": "1" if self.hold else "0",
             "PROBE": "1" if self.probe else "0",
         }
