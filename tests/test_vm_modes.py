@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -18,7 +19,7 @@ from tests.conftest import require
 from worker import runner
 from worker.modes import get_mode
 from worker.modes.base import EnvContext
-from worker.modes.vm import VmWritebackMode
+from worker.modes.vm import VmMode, VmWritebackMode
 from worker.vm import guest, qemu
 from worker.vm.job import Job
 from workloads.oracle import compare
@@ -108,6 +109,30 @@ def test_writeback_sync_makes_the_round_visible_on_the_host(
     record = runner.run_environment(vm_spec(root, "vm-writeback", "publish"))
     assert record is not None and record.outcome == "passed", record.detail
     assert mode.seen == {1: [], 2: [], 3: []}
+
+
+class PayloadUnderTmp(VmMode):
+    """vm whose payload.py is a copy under the host's /tmp (as in a checkout there)."""
+
+    payload_copy = Path()
+
+    def prepare(self, env: EnvContext) -> None:
+        """Point the environment at the copy, then prepare as usual."""
+        env.payload = self.payload_copy
+        super().prepare(env)
+
+
+def test_payload_under_host_tmp_is_seen_by_the_guest(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A payload under the host's /tmp, which the guest's own /tmp covers, still runs."""
+    assert str(tmp_path).startswith("/tmp/")
+    mode = PayloadUnderTmp()
+    mode.payload_copy = tmp_path / "payload.py"
+    shutil.copy(EnvContext.payload, mode.payload_copy)
+    monkeypatch.setattr(runner, "get_mode", lambda name, options=None: mode)
+    record = runner.run_environment(vm_spec(root, "vm", "seq-write"))
+    assert record is not None and record.outcome == "passed", (record.reason, record.detail)
 
 
 def test_guest_that_never_gets_ready_is_killed_at_the_limit(root: Path) -> None:
