@@ -2,7 +2,8 @@
 
 For each workload, environments alternate between the runner (cgroup, channel with deadlines,
 mode sync, records) and a bare loop that spawns the same payload on the same fresh workspace
-and times ``round k`` -> ``done k`` with a blocking readline. The bare loop runs twice: inside
+and times ``round k`` -> ``done k`` with a blocking readline (checks and input preparation
+outside the clock, as the runner does). The bare loop runs twice: inside
 a cgroup with the same quota (so ``runner / bare-cg`` isolates the harness: channel, clocks,
 sync) and with no cgroup at all (``bare-cg / bare`` shows what CFS group scheduling costs on
 a busy host: a cgroup competes as one entity against every other runnable task; on an idle
@@ -52,6 +53,15 @@ def bare_rounds(
             group.remove()
 
 
+def ask(proc: subprocess.Popen[str], request: dict[str, object]) -> dict[str, object]:
+    """One request line, one blocking answer line."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps(request) + "\n")
+    proc.stdin.flush()
+    answer: dict[str, object] = json.loads(proc.stdout.readline())
+    return answer
+
+
 def _bare(
     workload: str, seed: int, scale: float, rounds: int, root: Path, group: quota.Cgroup | None
 ) -> list[float]:
@@ -70,13 +80,13 @@ def _bare(
     assert proc.stdin is not None and proc.stdout is not None
     assert json.loads(proc.stdout.readline())["op"] == "ready"
     times = []
+    ask(proc, {"op": "check", "k": 0})  # round 1's inputs, outside the clock (as the runner)
     for k in range(1, rounds + 1):
         start = time.monotonic_ns()
-        proc.stdin.write(json.dumps({"op": "round", "k": k}) + "\n")
-        proc.stdin.flush()
-        answer = json.loads(proc.stdout.readline())
+        answer = ask(proc, {"op": "round", "k": k})
         times.append((time.monotonic_ns() - start) / 1e9)
-        assert answer.get("validated"), answer
+        assert answer["op"] == "done", answer
+        assert ask(proc, {"op": "check", "k": k}).get("validated"), k
     proc.stdin.write('{"op": "exit"}\n')
     proc.stdin.close()
     assert proc.wait() == 0

@@ -29,10 +29,12 @@ def check_environment(name: str, scale: float, cache: Path, work: Path) -> None:
     """Run 3 rounds natively and require every round validated and the oracle empty."""
     run = native_environment(name, SEED, scale, 3, cache, work / "ws")
     done = [m for m in run.drive.lines if m.get("op") == "done"]
+    checked = [m for m in run.drive.lines if m.get("op") == "checked"]
     assert run.drive.lines[0] == {"op": "ready"}, run.drive.lines
     assert [m["k"] for m in done] == [1, 2, 3], (run.drive.lines, run.drive.stderr)
-    assert all(m["validated"] for m in done), run.drive.lines
-    assert all(len(m["digest"]) == 64 for m in done)
+    assert [m["k"] for m in checked] == [0, 1, 2, 3], run.drive.lines
+    assert all(m["validated"] for m in checked), run.drive.lines
+    assert all(len(m["digest"]) == 64 for m in checked[1:])
     assert run.drive.exit_code == 0, run.drive.stderr
     assert run.mismatches == []
 
@@ -60,7 +62,7 @@ def workspace(name: str, cache: Path, tmp_path: Path) -> Path:
 def test_round_out_of_order(cache: Path, tmp_path: Path) -> None:
     """Round 3 before round 2 is answered with an error line naming round 3 and a nonzero exit."""
     result = drive("publish", SEED, 0.02, workspace("publish", cache, tmp_path), [1, 3])
-    assert [m["op"] for m in result.lines] == ["ready", "done", "error"]
+    assert [m["op"] for m in result.lines] == ["ready", "checked", "done", "checked", "error"]
     assert result.lines[-1]["k"] == 3 and "expected round 2" in result.lines[-1]["message"]
     assert result.exit_code != 0
 
@@ -122,11 +124,15 @@ def test_unknown_request_and_eof(cache: Path, tmp_path: Path) -> None:
 def test_tools_without_home(name: str, cache: Path, tmp_path: Path) -> None:
     """git, make and gcc rounds work with HOME unset and only the protocol on stdout."""
     argv = payload_argv(name, SEED, 0.02, workspace(name, cache, tmp_path))
-    stdin = '{"op": "round", "k": 1}\n{"op": "round", "k": 2}\n{"op": "exit"}\n'
+    stdin = "".join(
+        json.dumps(m) + "\n"
+        for m in ({"op": "round", "k": 1}, {"op": "check", "k": 1}, {"op": "round", "k": 2},
+                  {"op": "check", "k": 2}, {"op": "exit"})
+    )  # fmt: skip
     lines, code = run_raw(argv, stdin, env={"PATH": "/usr/bin:/bin"})
     answers = [json.loads(line) for line in lines]
-    assert [a["op"] for a in answers] == ["ready", "done", "done"] and code == 0
-    assert all(a["validated"] for a in answers[1:])
+    assert [a["op"] for a in answers] == ["ready", "done", "checked", "done", "checked"]
+    assert code == 0 and all(a["validated"] for a in answers if a["op"] == "checked")
 
 
 def test_import_has_no_side_effects() -> None:
@@ -149,7 +155,8 @@ def test_repeated_edit_rebuilds(cache: Path, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     fixtures.copy_fixture(fixtures.ensure_fixture("incremental-build", SEED, 0.01, cache), ws)
     result = drive("incremental-build", SEED, 0.01, ws, list(range(1, 6)))
-    assert result.ok and len(result.lines) == 6, result.lines
+    # ready, checked 0, then done and checked for each of the 5 rounds
+    assert result.ok and len(result.lines) == 12, result.lines
 
 
 @pytest.mark.parametrize("name", list(WORKLOADS))

@@ -195,6 +195,7 @@ class _Run:
         try:
             ready = self._ready(channel, deadline)
             self.fields["ready_ms"] = (ready.arrived_ns - t0) / 1e6
+            self._check(channel, 0, deadline)  # not timed: the payload prepares round 1's inputs
             for k in range(1, self.spec.rounds + 1):
                 self._round(channel, k, deadline)
             self._exit(channel, deadline)
@@ -239,8 +240,9 @@ class _Run:
         except Exception as exc:  # the mode's synchronization is part of the round
             raise Failed(_os_reason(exc, "round-error"), f"round {k} sync: {exc}") from exc
         task_s = (time.monotonic_ns() - start) / 1e9
-        validated = message.body.get("validated") is True
-        digest = message.body.get("digest")
+        checked = self._check(channel, k, deadline)  # the clock has stopped: validation
+        validated = checked.body.get("validated") is True
+        digest = checked.body.get("digest") or message.body.get("digest")
         self.fields["rounds"].append(
             RoundRecord(k=k, task_s=task_s, validated=validated, digest=_text(digest))
         )
@@ -248,6 +250,23 @@ class _Run:
             raise Failed("validation-failed", f"round {k}: the payload's check failed")
         if time.monotonic_ns() > deadline:
             raise Failed("timeout", f"limit of {self.spec.limit_s} s reached in round {k}")
+
+    def _check(self, channel: Channel, k: int, deadline: int) -> Message:
+        """Ask the payload to check round ``k`` (and prepare k+1's inputs), outside the clock."""
+        try:
+            channel.send({"op": "check", "k": k})
+            message = channel.receive(deadline)
+        except ChannelStopped:
+            raise
+        except ChannelError as exc:
+            closed = isinstance(exc, ChannelClosed)
+            detail = self._died(f"check of round {k}: {exc}", closed=closed)
+            raise Failed(self._channel_reason(exc), detail) from exc
+        if message.op == "error":
+            raise Failed("round-error", f"check of round {k}: {message.body.get('message')}")
+        if message.op != "checked" or message.body.get("k") != k:
+            raise Failed("round-error", f"check of round {k}: unexpected answer {message.body}")
+        return message
 
     def _exit(self, channel: Channel, deadline: int) -> None:
         """Send exit; the launcher and its whole tree must be gone before the deadline."""

@@ -27,9 +27,13 @@ class Drive:
 
     @property
     def ok(self) -> bool:
-        """Every round done and validated, and a clean exit."""
+        """Every round done and validated (its check after the clock), and a clean exit."""
         done = [m for m in self.lines if m.get("op") == "done"]
-        return self.exit_code == 0 and bool(done) and all(m["validated"] for m in done)
+        checked = [m for m in self.lines if m.get("op") == "checked" and m["k"] > 0]
+        return (
+            self.exit_code == 0 and bool(done) and len(checked) == len(done)
+            and all(m["validated"] for m in checked)
+        )  # fmt: skip
 
 
 def payload_argv(workload: str, seed: int, scale: float, root: Path) -> list[str]:
@@ -66,22 +70,32 @@ def drive(
 
 
 def _converse(proc: subprocess.Popen[str], rounds: list[int], result: Drive) -> None:
-    """Read ready, send each round and time its answer, send exit, collect the rest."""
+    """Read ready, then per round: send it and time its answer, then ask for its check
+    (outside the clock, as the runner does); send exit, collect the rest."""
     assert proc.stdin and proc.stdout
     result.lines.append(json.loads(proc.stdout.readline() or "null"))
+    if not _ask(proc, {"op": "check", "k": 0}, result, "checked"):
+        rounds = []
     for k in rounds:
         start = time.monotonic()
-        _send(proc, json.dumps({"op": "round", "k": k}))
-        line = proc.stdout.readline()
+        answered = _ask(proc, {"op": "round", "k": k}, result, "done")
         result.round_s.append(time.monotonic() - start)
-        result.lines.append(json.loads(line) if line else {"op": "eof"})
-        if result.lines[-1].get("op") != "done":
+        if not answered or not _ask(proc, {"op": "check", "k": k}, result, "checked"):
             break
     else:
         _send(proc, '{"op": "exit"}')
     result.lines += [json.loads(x) for x in proc.stdout.read().splitlines() if x.strip()]
     with contextlib.suppress(BrokenPipeError):
         proc.stdin.close()
+
+
+def _ask(proc: subprocess.Popen[str], request: dict[str, Any], result: Drive, op: str) -> bool:
+    """Send ``request``, keep its answer line; whether the answer is ``op``."""
+    assert proc.stdout
+    _send(proc, json.dumps(request))
+    line = proc.stdout.readline()
+    result.lines.append(json.loads(line) if line else {"op": "eof"})
+    return bool(result.lines[-1].get("op") == op)
 
 
 def _send(proc: subprocess.Popen[str], line: str) -> None:

@@ -131,9 +131,21 @@ def _ws_shape(p: dict[str, int]) -> None:
     p["file_bytes"] = max(block, per_file // block * block)
 
 
+# Inputs generated ahead of their round, outside the round clock (see ``Session.check``).
+_PREPARED: dict[tuple[int, str, int], bytes] = {}
+
+
 def stream(seed: int, label: str, n: int) -> bytes:
     """``n`` pseudo-random bytes determined by (seed, label) alone."""
+    prepared = _PREPARED.pop((seed, label, n), None)
+    if prepared is not None:
+        return prepared
     return hashlib.shake_256(f"sandbench:{seed}:{label}".encode()).digest(n)
+
+
+def prepare_stream(seed: int, label: str, n: int) -> None:
+    """Generate ``stream(seed, label, n)`` now, so the round that needs it does not."""
+    _PREPARED[(seed, label, n)] = hashlib.shake_256(f"sandbench:{seed}:{label}".encode()).digest(n)
 
 
 def tree_paths(prefix: str, files: int, dirs: int) -> list[str]:
@@ -298,20 +310,23 @@ def check_manifest(base: str, manifest_path: str) -> tuple[str, bool]:
 
 # ---------------------------------------------------------------- mechanism rounds
 
-Round = Callable[[str, int, dict[str, int], int], tuple[str, bool]]
+# A round returns (digest, ok), or a deferred check that returns them: a check that reads back
+# what the round wrote runs only when the host asks for it, after the round clock stopped.
+Check = Callable[[], tuple[str, bool]]
+Round = Callable[[str, int, dict[str, int], int], "tuple[str, bool] | Check"]
 
 
-def seq_write(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bool]:
+def seq_write(root: str, seed: int, p: dict[str, int], k: int) -> Check:
     """Write a new file sequentially in fixed-size writes, fsync it and its directory."""
     data = round_bytes(seed, "seq-write", k, p["file_bytes"])
     path = os.path.join(root, "seq", f"round-{k:02d}.bin")
     write_new(path, data, p["write_bytes"])
     fsync_path(os.path.dirname(path))
     digest = hashlib.sha256(data).hexdigest()
-    return digest, sha_file(path) == digest
+    return lambda: (digest, sha_file(path) == digest)
 
 
-def sync_write(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bool]:
+def sync_write(root: str, seed: int, p: dict[str, int], k: int) -> Check:
     """Write a new file in small writes with an fsync after every write."""
     data = round_bytes(seed, "sync-write", k, p["total_bytes"])
     path, step = os.path.join(root, "sync", f"round-{k:02d}.bin"), p["write_bytes"]
@@ -324,10 +339,10 @@ def sync_write(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bo
         os.close(fd)
     fsync_path(os.path.dirname(path))
     digest = hashlib.sha256(data).hexdigest()
-    return digest, sha_file(path) == digest
+    return lambda: (digest, sha_file(path) == digest)
 
 
-def create_small(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bool]:
+def create_small(root: str, seed: int, p: dict[str, int], k: int) -> Check:
     """Create small files in new directories; fsync the directories."""
     paths = tree_paths(f"create/round-{k:02d}", p["files"], p["dirs"])
     data, size = round_bytes(seed, "create-small", k, p["files"] * p["file_bytes"]), p["file_bytes"]
@@ -338,8 +353,13 @@ def create_small(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, 
         write_new(os.path.join(root, rel), data[i * size : (i + 1) * size], sync=False)
     for d in [*reversed(dirs), "create"]:
         fsync_path(os.path.join(root, d))
-    got = hashlib.sha256(b"".join(read_file(os.path.join(root, r)) for r in paths)).hexdigest()
-    return got, got == hashlib.sha256(data).hexdigest()
+
+    def check() -> tuple[str, bool]:
+        """Read the round's files back."""
+        got = hashlib.sha256(b"".join(read_file(os.path.join(root, r)) for r in paths))
+        return got.hexdigest(), got.hexdigest() == hashlib.sha256(data).hexdigest()
+
+    return check
 
 
 def read_small(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bool]:
@@ -385,7 +405,7 @@ def read_large(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bo
     return got, got == want
 
 
-def rename_atomic(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bool]:
+def rename_atomic(root: str, seed: int, p: dict[str, int], k: int) -> Check:
     """Replace one target atomically many times: write temp, fsync, rename over it."""
     size, n = p["file_bytes"], p["renames"]
     data = round_bytes(seed, "rename-atomic", k, size * n)
@@ -395,10 +415,10 @@ def rename_atomic(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str,
         os.rename(tmp, target)
     fsync_path(os.path.dirname(target))
     digest = hashlib.sha256(data[(n - 1) * size :]).hexdigest()
-    return digest, sha_file(target) == digest
+    return lambda: (digest, sha_file(target) == digest)
 
 
-def append_fsync(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bool]:
+def append_fsync(root: str, seed: int, p: dict[str, int], k: int) -> Check:
     """Append fixed-size records to the log, fsync every few records and at the end."""
     data, size, every = append_records(seed, k, p), p["record_bytes"], p["fsync_every"]
     path = os.path.join(root, "log", "append.log")
@@ -411,11 +431,16 @@ def append_fsync(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, 
                 os.fsync(fd)
     finally:
         os.close(fd)
-    with open(path, "rb") as f:
-        f.seek(start)
-        tail = f.read()
     digest = hashlib.sha256(data).hexdigest()
-    return digest, start == (k - 1) * len(data) and hashlib.sha256(tail).hexdigest() == digest
+
+    def check() -> tuple[str, bool]:
+        """Read the round's records back from where they were appended."""
+        with open(path, "rb") as f:
+            f.seek(start)
+            tail = f.read()
+        return digest, start == (k - 1) * len(data) and hashlib.sha256(tail).hexdigest() == digest
+
+    return check
 
 
 def delete_tree(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bool]:
@@ -434,7 +459,7 @@ def delete_tree(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, b
     return hashlib.sha256(f"{k}:{removed}".encode()).hexdigest(), removed == p["files"]
 
 
-def mmap_write(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bool]:
+def mmap_write(root: str, seed: int, p: dict[str, int], k: int) -> Check:
     """Dirty every page of the mapped file with a round stamp, then msync."""
     path, pages = os.path.join(root, "mmap", "map.bin"), p["file_bytes"] // PAGE
     fd = os.open(path, os.O_RDWR)
@@ -444,16 +469,23 @@ def mmap_write(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bo
                 off, stamp = mmap_stamp(seed, k, page)
                 mm[page * PAGE + off : page * PAGE + off + 16] = stamp
             mm.flush()
-        ok = True
-        for page in range(pages):
-            off, stamp = mmap_stamp(seed, k, page)
-            ok = ok and os.pread(fd, 16, page * PAGE + off) == stamp
     finally:
         os.close(fd)
-    return sha_file(path), ok
+
+    def check() -> tuple[str, bool]:
+        """Read every page's stamp back through the file."""
+        with open(path, "rb") as f:
+            ok = all(
+                os.pread(f.fileno(), 16, page * PAGE + mmap_stamp(seed, k, page)[0])
+                == mmap_stamp(seed, k, page)[1]
+                for page in range(pages)
+            )
+        return sha_file(path), ok
+
+    return check
 
 
-def copy_tree(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bool]:
+def copy_tree(root: str, seed: int, p: dict[str, int], k: int) -> Check:
     """Copy the fixture tree into a new directory, fsync files and directories."""
     dest = os.path.join(root, "copies", f"round-{k:02d}")
     dirs = tree_dirs("tree", p["files"], p["dirs"])
@@ -464,7 +496,7 @@ def copy_tree(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, boo
     for d in reversed(dirs):
         fsync_path(os.path.join(dest, d[5:]) if d != "tree" else dest)
     fsync_path(os.path.dirname(dest))
-    return check_manifest(dest, os.path.join(root, "tree.sha256"))
+    return lambda: check_manifest(dest, os.path.join(root, "tree.sha256"))
 
 
 # ---------------------------------------------------------------- resource rounds
@@ -475,7 +507,7 @@ def ws_paths(root: str, p: dict[str, int]) -> list[str]:
     return [os.path.join(root, "ws", f"file-{i}.bin") for i in range(p["files"])]
 
 
-def working_set(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bool]:
+def working_set(root: str, seed: int, p: dict[str, int], k: int) -> Check:
     """Write the round's logical bytes into the working set with N writer threads, fsync."""
     base = memoryview(ws_base(seed, p))
     bs, per_file = p["block_bytes"], p["file_bytes"] // p["block_bytes"]
@@ -488,10 +520,20 @@ def working_set(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, b
         _run_writers(lanes, base, bs)
         for fd in fds:
             os.fsync(fd)
-        return _ws_check(fds, dict(schedule), base, p)
     finally:
         for fd in fds:
             os.close(fd)
+
+    def check() -> tuple[str, bool]:
+        """Read a spread of blocks back through fresh descriptors."""
+        rfds = [os.open(path, os.O_RDONLY) for path in ws_paths(root, p)]
+        try:
+            return _ws_check(rfds, dict(schedule), base, p)
+        finally:
+            for fd in rfds:
+                os.close(fd)
+
+    return check
 
 
 def _run_writers(lanes: list[list[tuple[int, int, int]]], base: memoryview, bs: int) -> None:
@@ -666,7 +708,7 @@ def _newer_than(fd: int, target: str) -> None:
 MTIME_STEP_NS = 1_000_000  # 1 ms: above every file system's time granularity we run on
 
 
-def publish(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bool]:
+def publish(root: str, seed: int, p: dict[str, int], k: int) -> Check:
     """Publish a new directory of files with a SHA-256 manifest, fsync files and directories."""
     dest = os.path.join(root, "pub", f"release-{k:02d}")
     os.mkdir(dest)
@@ -676,7 +718,7 @@ def publish(root: str, seed: int, p: dict[str, int], k: int) -> tuple[str, bool]
     write_new(os.path.join(dest, "MANIFEST.sha256"), manifest(entries))
     fsync_path(dest)
     fsync_path(os.path.dirname(dest))
-    return check_manifest(dest, os.path.join(dest, "MANIFEST.sha256"))
+    return lambda: check_manifest(dest, os.path.join(dest, "MANIFEST.sha256"))
 
 
 def publish_entries(seed: int, k: int, p: dict[str, int]) -> list[tuple[str, bytes]]:
@@ -695,6 +737,29 @@ ROUNDS: dict[str, Round] = {
     "ws64-w1": working_set, "ws256-w1": working_set, "ws1024-w1": working_set,
     "ws256-w4": working_set, "repo-inspect": repo_inspect,
     "incremental-build": incremental_build, "publish": publish,
+}
+# fmt: on
+
+
+# The seeded streams round k consumes, generated when the host asks to check round k-1
+# (``check 0`` right after ready), so that generating bytes is never inside a round clock.
+def _ws_inputs(s: int, p: dict[str, int], k: int) -> list[tuple[str, int]]:
+    """The working-set workloads' source buffer (the same every round)."""
+    return [(f"ws:{p['working_set_bytes']}:{p['writers']}", WS_BASE + WS_BLOCK)]
+
+
+# fmt: off
+INPUTS: dict[str, Callable[[int, dict[str, int], int], list[tuple[str, int]]]] = {
+    "seq-write": lambda s, p, k: [(f"seq-write:round:{k}", p["file_bytes"])],
+    "sync-write": lambda s, p, k: [(f"sync-write:round:{k}", p["total_bytes"])],
+    "create-small": lambda s, p, k: [(f"create-small:round:{k}", p["files"] * p["file_bytes"])],
+    "rename-atomic": lambda s, p, k: [
+        (f"rename-atomic:round:{k}", p["file_bytes"] * p["renames"])],
+    "append-fsync": lambda s, p, k: [
+        (f"append-fsync:round:{k}", p["records"] * p["record_bytes"])],
+    "publish": lambda s, p, k: [(f"publish:round:{k}", p["file_bytes"] * p["files"])],
+    "ws64-w1": _ws_inputs, "ws256-w1": _ws_inputs, "ws1024-w1": _ws_inputs,
+    "ws256-w4": _ws_inputs,
 }
 # fmt: on
 
@@ -723,12 +788,19 @@ def parse_args(argv: list[str]) -> tuple[str, int, float, str]:
 
 
 class Session:
-    """One payload run: the protocol channel, the workload and the round counter."""
+    """One payload run: the protocol channel, the workload and the round counter.
+
+    ``round k`` -> work and in-environment sync -> ``done k`` (digest; ``validated`` when the
+    check was immediate). ``check k`` (after the host stopped the round clock) -> the round's
+    read-back check -> ``checked k`` (digest, validated), then round k+1's inputs are generated;
+    ``check 0`` right after ready generates round 1's. A round may follow without a check.
+    """
 
     def __init__(self, channel: Any) -> None:
         self.channel = channel
         self.k: int | None = None  # the round being answered (None before the first)
         self.done = 0  # rounds completed
+        self.pending: tuple[str, bool] | Check | None = None  # round ``done``'s result
 
     def send(self, message: dict[str, Any]) -> None:
         """Write one protocol line and flush it."""
@@ -746,6 +818,8 @@ class Session:
                     return 0
                 if msg.get("op") == "round":
                     self.round(msg.get("k"), lambda k: ROUNDS[name](root, seed, p, k))
+                elif msg.get("op") == "check":
+                    self.check(msg.get("k"), lambda k: prepare_inputs(name, seed, p, k))
                 elif msg.get("op") != "noop":
                     raise PayloadError(f"unknown request {line.strip()!r}")
             raise PayloadError("stdin closed before exit")
@@ -753,16 +827,40 @@ class Session:
             self.send({"op": "error", "k": self.k, "message": f"{type(exc).__name__}: {exc}"})
             return 1
 
-    def round(self, k: Any, work: Callable[[int], tuple[str, bool]]) -> None:
+    def round(self, k: Any, work: Callable[[int], "tuple[str, bool] | Check"]) -> None:
         """Run round ``k`` if it is the next one, and answer done."""
         self.k = k
         if k != self.done + 1 or not isinstance(k, int):
             raise PayloadError(f"round {k!r} out of order: expected round {self.done + 1}")
         if k > MAX_ROUNDS:
             raise PayloadError(f"round {k} > {MAX_ROUNDS}, the rounds fixtures prepare")
-        digest, ok = work(k)
-        self.send({"op": "done", "k": k, "digest": digest, "validated": bool(ok)})
+        self.pending = result = work(k)
+        if isinstance(result, tuple):
+            self.send({"op": "done", "k": k, "digest": result[0], "validated": bool(result[1])})
+        else:  # the read-back check waits for ``check k``
+            self.send({"op": "done", "k": k, "digest": None, "validated": None})
         self.done = k
+
+    def check(self, k: Any, prepare: Callable[[int], None]) -> None:
+        """Check round ``k`` (the last one done; 0: none yet), then prepare round k+1's inputs."""
+        self.k = k
+        if k != self.done or not isinstance(k, int):
+            raise PayloadError(f"check of round {k!r}: the last round done is {self.done}")
+        pending = self.pending
+        result = pending if pending is None or isinstance(pending, tuple) else pending()
+        digest, ok = result if result is not None else (None, k == 0)
+        self.pending = None
+        if k < MAX_ROUNDS:
+            prepare(k + 1)
+        self.send({"op": "checked", "k": k, "digest": digest, "validated": bool(ok)})
+
+
+def prepare_inputs(name: str, seed: int, p: dict[str, int], k: int) -> None:
+    """Generate the seeded streams round ``k`` of ``name`` will consume (dropping stale ones)."""
+    _PREPARED.clear()
+    inputs = INPUTS.get(name)
+    for label, n in inputs(seed, p, k) if inputs is not None else []:
+        prepare_stream(seed, label, n)
 
 
 def main() -> int:
