@@ -123,7 +123,7 @@ def headline(t: HostTables, workflows: list[str]) -> list[str]:
             for r in done.iloc[1:].itertuples()
         )
         missing = ", ".join(c[c["status"] != "complete"]["mode"])
-        text = f"{w}: fastest {best['mode']} at {fmt(best['task_s_median'])} s"
+        text = f"{w}: fastest mode '{best['mode']}' at {fmt(best['task_s_median'])} s"
         text += f"; relative to it: {others}" if others else ""
         text += f"; incomplete: {missing}" if missing else ""
         out.append(text + ".")
