@@ -222,19 +222,7 @@ class _Run:
         """One round: the clock runs from sending ``round k`` to the end of the mode's sync."""
         assert self.env is not None
         start = time.monotonic_ns()
-        try:
-            channel.send({"op": "round", "k": k})
-            message = channel.receive(deadline)
-        except ChannelStopped:
-            raise
-        except ChannelError as exc:
-            closed = isinstance(exc, ChannelClosed)
-            detail = self._died(f"round {k}: {exc}", closed=closed)
-            raise Failed(self._channel_reason(exc), detail) from exc
-        if message.op == "error":
-            raise Failed("round-error", f"round {k}: {message.body.get('message', message.body)}")
-        if message.op != "done" or message.body.get("k") != k:
-            raise Failed("round-error", f"round {k}: unexpected answer {message.body}")
+        message = self._ask(channel, {"op": "round", "k": k}, "done", f"round {k}", deadline)
         try:
             self.mode.sync(self.env, k)
         except Exception as exc:  # the mode's synchronization is part of the round
@@ -253,19 +241,26 @@ class _Run:
 
     def _check(self, channel: Channel, k: int, deadline: int) -> Message:
         """Ask the payload to check round ``k`` (and prepare k+1's inputs), outside the clock."""
+        request = {"op": "check", "k": k}
+        return self._ask(channel, request, "checked", f"check of round {k}", deadline)
+
+    def _ask(
+        self, channel: Channel, request: dict[str, Any], answer: str, what: str, deadline: int
+    ) -> Message:
+        """Send ``request`` and receive its ``answer`` line for the same k; else classify."""
         try:
-            channel.send({"op": "check", "k": k})
+            channel.send(request)
             message = channel.receive(deadline)
         except ChannelStopped:
             raise
         except ChannelError as exc:
             closed = isinstance(exc, ChannelClosed)
-            detail = self._died(f"check of round {k}: {exc}", closed=closed)
+            detail = self._died(f"{what}: {exc}", closed=closed)
             raise Failed(self._channel_reason(exc), detail) from exc
         if message.op == "error":
-            raise Failed("round-error", f"check of round {k}: {message.body.get('message')}")
-        if message.op != "checked" or message.body.get("k") != k:
-            raise Failed("round-error", f"check of round {k}: unexpected answer {message.body}")
+            raise Failed("round-error", f"{what}: {message.body.get('message', message.body)}")
+        if message.op != answer or message.body.get("k") != request["k"]:
+            raise Failed("round-error", f"{what}: unexpected answer {message.body}")
         return message
 
     def _exit(self, channel: Channel, deadline: int) -> None:
