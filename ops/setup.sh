@@ -14,6 +14,7 @@ APT_PACKAGES=(
   bubblewrap util-linux iproute2 e2fsprogs   # host mode, namespaces, ext4 images
   redis-server                               # fleet broker (tests start their own)
   docker.io                                  # docker mode (sandbench starts a private dockerd)
+  podman conmon runc crun                    # podman mode (private store; runc or crun per host)
   qemu-system-x86 busybox-static cpio        # VM modes and their initramfs
   chromium                                   # report screenshot test (headless)
   docker-compose                             # validates docker-compose.yml (`docker-compose config`)

@@ -34,7 +34,7 @@ def test_smoke_preset_completes_and_report_reproduces(tmp_path: Path) -> None:
     store = Store(data)
     campaign = store.load_campaign(cid)
     _, plan = preset("smoke")
-    assert len(campaign.specs) == len(plan.cells()) * plan.environments == 240
+    assert len(campaign.specs) == len(plan.cells()) * plan.environments == 297
     records = store.records(cid)
     assert sorted(r.key() for r in records) == sorted(s.key() for s in campaign.specs)
     modes = store.provenance(cid, "lab-smoke")["modes"]

@@ -84,18 +84,18 @@ def test_presets_expand_as_documented() -> None:
     """smoke: 19 workloads in non-VM modes, publish in VM modes, said in its notes; full: all."""
     _, smoke = preset("smoke")
     per_mode = Counter(m.name for m, _ in smoke.cells())
-    assert per_mode["native"] == per_mode["docker"] == len(WORKLOADS) == 19
+    assert per_mode["native"] == per_mode["docker"] == per_mode["podman"] == len(WORKLOADS) == 19
     assert per_mode["vm"] == per_mode["vm-microvm"] == 1
     assert smoke.scale < 1 and any("VM modes run only: publish" in n for n in smoke.notes)
     assert (
-        "expansion per host: 19 workloads x 4 modes x 3 environments + 1 workload x 4 modes x "
-        "3 environments = 240 environments" in describe(smoke)
+        "expansion per host: 19 workloads x 5 modes x 3 environments + 1 workload x 4 modes x "
+        "3 environments = 297 environments" in describe(smoke)
     )
     _, full = preset("full")
-    assert len(full.cells()) * full.environments == 19 * 8 * 3 and full.scale == 1.0
+    assert len(full.cells()) * full.environments == 19 * 9 * 3 == 513 and full.scale == 1.0
     assert (
         describe(full)[-1]
-        == "expansion per host: 19 workloads x 8 modes x 3 environments = 456 environments"
+        == "expansion per host: 19 workloads x 9 modes x 3 environments = 513 environments"
     )
     assert new_campaign_id().startswith("c-") and len(new_campaign_id()) == len("c-20261129-ab12")
 
@@ -104,8 +104,13 @@ def test_plan_show_command(tmp_path: Path) -> None:
     """`sandbench plan show` prints the expansion, and a bad plan exits 2 with the fix."""
     out = subprocess.run([sys.executable, "-m", "coordinator", "plan", "show", "--preset", "smoke"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert out.returncode == 0 and "= 240 environments" in out.stdout
+    assert out.returncode == 0 and "= 297 environments" in out.stdout
     assert "VM modes run only: publish" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "coordinator", "plan", "show", "--preset", "full"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    last = out.stdout.strip().splitlines()[-1]
+    assert out.returncode == 0
+    assert last == "expansion per host: 19 workloads x 9 modes x 3 environments = 513 environments"
     bad = tmp_path / "bad.toml"
     bad.write_text('modes = ["dokcer"]\n')
     out = subprocess.run([sys.executable, "-m", "coordinator", "plan", "show", str(bad)],

@@ -18,6 +18,7 @@ TOOLS: dict[str, list[str]] = {
     "bwrap": ["bwrap", "--version"],
     "docker": ["docker", "--version"],
     "dockerd": ["dockerd", "--version"],
+    "podman": ["podman", "--version"],
     "qemu": ["qemu-system-x86_64", "--version"],
 }
 TOOL_TIMEOUT_S = 10

@@ -14,6 +14,7 @@ BUILTIN_MODES: dict[str, str] = {
     "host": "worker.modes.host:HostMode",
     "staged": "worker.modes.staged:StagedMode",
     "docker": "worker.modes.docker:DockerMode",
+    "podman": "worker.modes.podman:PodmanMode",
     "vm": "worker.modes.vm:VmMode",
     "vm-writeback": "worker.modes.vm:VmWritebackMode",
     "vm-disk": "worker.modes.vm:VmDiskMode",

@@ -131,6 +131,15 @@ def unmanaged_cgroup_dirs(cgroup_path: str) -> list[Path]:
     return [point / rel for point in sorted(points) if rel and (point / rel).is_dir()]
 
 
+def container_mounts(env: EnvContext) -> list[str]:
+    """``--mount`` options of an environment's container: toolset, workspace, payload."""
+    return [
+        *toolset_mounts(),
+        f"--mount=type=bind,src={env.workspace},dst={WORKSPACE_IN}",
+        f"--mount=type=bind,src={env.payload},dst={PAYLOAD_IN},readonly",
+    ]
+
+
 def container_name(env: EnvContext) -> str:
     """A name unique to this environment (its private directory), valid for docker."""
     digest = hashlib.sha256(f"{env.spec.key()}\0{env.env_dir}".encode()).hexdigest()[:16]
@@ -143,10 +152,7 @@ def create_argv(env: EnvContext, image: str) -> list[str]:
         "create", "--interactive", f"--name={container_name(env)}",
         f"--label={LABEL_KEY}={env.spec.key()}",
         "--network=none", "--log-driver=none", f"--cgroup-parent={env.cgroup_path}",
-        *quota_options(env.spec.quota), *toolset_mounts(),
-        f"--mount=type=bind,src={env.workspace},dst={WORKSPACE_IN}",
-        f"--mount=type=bind,src={env.payload},dst={PAYLOAD_IN},readonly",
-        f"--workdir={WORKSPACE_IN}",
+        *quota_options(env.spec.quota), *container_mounts(env), f"--workdir={WORKSPACE_IN}",
         image,
         *env.payload_argv(WORKSPACE_IN, PAYLOAD_IN),
     ]  # fmt: skip

@@ -1,0 +1,230 @@
+"""The ``podman`` mode: the payload in a daemonless OCI container (podman, conmon, runc or crun).
+
+The container is the docker mode's: an image of empty mount points imported with ``podman
+import`` (no registry, built in preflight, never timed), the host's system directories bound
+read-only as the toolset, the workspace and the payload bound in, no network, the quota as the
+container's own limits (``--cpus``, ``--cpuset-cpus``, ``--memory``, ``--memory-swap``; no pids
+limit, as docker) and its cgroup under the environment's (``--cgroup-parent``). The store is
+sandbench's own (``worker.podman``).
+
+``prepare`` creates the container (not timed); the launcher is ``podman start --attach
+--interactive``. From the marker, Ready covers podman's start, conmon, the OCI runtime's
+container start (namespaces, mounts, cgroups) and the payload's interpreter start, up to its
+ready line. podman has no daemon: the launcher and conmon (``--cgroups=no-conmon``) run in the
+environment's cgroup, so its accounting, its kill and its empty-wait cover them, and the
+cgroup leaves room for them (``cgroup_overhead_bytes``) beside the container, whose own limit
+equals the quota and so is the one that binds.
+
+OOM is podman's own verdict (``State.OOMKilled``), read before cleanup. podman 4.3 takes it from
+the ``oom`` file conmon writes into its working directory, looked for in the container's bundle
+directory: the launcher starts there (``env -C``, which also points podman at the store's
+configuration).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from worker.modes.base import EnvContext, HostInfo, Preflight
+from worker.modes.docker import (
+    IMAGE_PATH,
+    LABEL_KEY,
+    PAYLOAD_IN,
+    TOOLS_PROBE,
+    TOOLSET_DIRS,
+    WORKSPACE_IN,
+    container_mounts,
+    container_name,
+    image_root_tar,
+    image_tag,
+    quota_options,
+    toolset_mounts,
+    unmanaged_cgroup_dirs,
+)
+from worker.podman import Podman, PodmanError, find_binary, ulimit_options
+from worker.quota import cgroup_mounts, remove_dir
+from worker.quota import create as create_cgroup
+
+MiB = 1024 * 1024
+# Room in the environment's memory cgroup beside the container: the podman launcher (~35 MB
+# resident here), conmon (~2 MB) and conmon's cleanup command (another podman) at its exit.
+LAUNCHER_MEMORY_BYTES = 128 * MiB
+LABELS = ("--label=sandbench=1",)  # every container sandbench creates, for a reaper to find
+CONMON_PIDFILE = "conmon.pid"  # in the environment's directory, for a reaper to find
+CONTAINER_PIDFILE = "container.pid"
+REMOVE_WAIT_S = 30.0
+REMOVE_POLL_S = 0.1
+
+
+def ensure_image(store: Podman) -> dict[str, Any]:
+    """Import the host-toolset image unless present; its id and how it was built."""
+    tag = image_tag()
+    built_now = False
+    try:
+        image_id = store.run("image", "inspect", "--format", "{{.Id}}", tag).strip()
+    except PodmanError:
+        store.run(
+            "import",
+            "--change", f"ENV PATH={IMAGE_PATH}",
+            "--message", "sandbench: empty mount points; toolset = host dirs bound read-only",
+            "-", tag,
+            input=image_root_tar(),
+        )  # fmt: skip
+        image_id = store.run("image", "inspect", "--format", "{{.Id}}", tag).strip()
+        built_now = True
+    return {
+        "image": tag,
+        "image_id": image_id,
+        "image_built_now": built_now,
+        "image_build": (
+            f"podman import of empty mount points; host {' '.join(TOOLSET_DIRS)} bound read-only"
+        ),
+    }
+
+
+def create_argv(env: EnvContext, image: str) -> list[str]:
+    """``podman create`` arguments of the environment's container."""
+    return [
+        "create", "--interactive", f"--name={container_name(env)}",
+        *LABELS, f"--label={LABEL_KEY}={env.spec.key()}",
+        "--network=none", "--log-driver=none", "--pids-limit=-1",
+        "--cgroups=no-conmon", f"--cgroup-parent={env.cgroup_path}",
+        f"--conmon-pidfile={env.env_dir / CONMON_PIDFILE}",
+        f"--pidfile={env.env_dir / CONTAINER_PIDFILE}",
+        *ulimit_options(), *quota_options(env.spec.quota), *container_mounts(env),
+        f"--workdir={WORKSPACE_IN}",
+        image,
+        *env.payload_argv(WORKSPACE_IN, PAYLOAD_IN),
+    ]  # fmt: skip
+
+
+def leftover_cgroup_dirs(cgroup_path: str) -> list[Path]:
+    """Directories the OCI runtime made for the environment: below its cgroup in every
+    hierarchy (deepest first), then its own in hierarchies the runner does not manage."""
+    rel = cgroup_path.strip("/")
+    below = [
+        path
+        for point in sorted(set(cgroup_mounts().values()))
+        if rel and (point / rel).is_dir()
+        for path in (point / rel).rglob("*")
+        if path.is_dir()
+    ]
+    below.sort(key=lambda path: len(path.parts), reverse=True)
+    return below + unmanaged_cgroup_dirs(cgroup_path)
+
+
+class PodmanMode:
+    """Payload in a podman container on sandbench's own store, quota on the container."""
+
+    name = "podman"
+    staged = False
+    cgroup_overhead_bytes = LAUNCHER_MEMORY_BYTES
+
+    def __init__(self, store: Podman | None = None) -> None:
+        self.store = store or Podman()
+        self._image: dict[str, Any] | None = None
+        self._tools: dict[str, str] | None = None
+
+    def preflight(self, host: HostInfo) -> Preflight:
+        """Set the store up and import the image; the reason if podman cannot run here."""
+        try:
+            self.store.setup()
+            image = self._ensure_image()
+            facts: dict[str, Any] = {
+                **image,
+                **self.store.versions(),
+                "runtime": self.store.runtime_path(),
+                "runtime_choice": self.store.runtime_reason,
+                "state_dir": str(self.store.state_dir),
+                "ulimits": ulimit_options(),
+                "tools": self._tool_versions(image["image"]),
+                "ready_includes": "container start (podman start --attach --interactive)",
+            }
+        except PodmanError as exc:
+            return Preflight(False, str(exc))
+        return Preflight(True, "", facts)
+
+    def _ensure_image(self) -> dict[str, Any]:
+        """The image facts, importing it the first time."""
+        if self._image is None:
+            self._image = ensure_image(self.store)
+        return self._image
+
+    def _tool_versions(self, image: str) -> dict[str, str]:
+        """Versions of the tools as they run inside a container of this mode (probed once)."""
+        if self._tools is None:
+            probe = create_cgroup(f"podman-preflight-{os.getpid()}", None)
+            try:
+                out = self.store.run(
+                    "run", "--rm", "--network=none", "--log-driver=none",
+                    f"--cgroup-parent={probe.path}", *ulimit_options(), *toolset_mounts(),
+                    image, "/bin/sh", "-c", TOOLS_PROBE,
+                )  # fmt: skip
+            finally:
+                for directory in leftover_cgroup_dirs(probe.path):
+                    remove_dir(directory)
+                probe.remove()
+            pairs = (line.split("=", 1) for line in out.splitlines() if "=" in line)
+            self._tools = {k: v for k, v in pairs}
+        return self._tools
+
+    def prepare(self, env: EnvContext) -> None:
+        """Not timed: store and image ready, container created (not started)."""
+        self.store.setup()
+        image = self._ensure_image()
+        name = container_name(env)
+        self._remove(name)  # a stale container of a crashed attempt
+        env.state["container"] = name
+        env.state["container_id"] = self.store.run(*create_argv(env, image["image_id"])).strip()
+        env.state["bundle"] = self.store.run("inspect", "--format", "{{.StaticDir}}", name).strip()
+        env.state["image_id"] = image["image_id"]
+
+    def launcher(self, env: EnvContext) -> list[str]:
+        """``podman start --attach --interactive``, started in the container's bundle dir."""
+        bundle = Path(env.state["bundle"])
+        return self.store.command(
+            "start", "--attach", "--interactive", container_name(env), cwd=bundle
+        )
+
+    def oom_killed(self, env: EnvContext) -> bool:
+        """podman's own OOM verdict for the container, read before cleanup removes it.
+
+        The environment's cgroup cannot show it: cgroup v1 counts a kill only in the victim's
+        own memory cgroup, the container's, which the runtime removes when the container stops.
+        """
+        out = self.store.run("inspect", "--format", "{{.State.OOMKilled}}", container_name(env))
+        return out.strip() == "true"
+
+    def sync(self, env: EnvContext, round: int) -> None:
+        """Nothing: the workspace is a bind mount; the payload's fsync reaches the host file."""
+
+    def result_root(self, env: EnvContext) -> Path:
+        """The host workspace, bind-mounted into the container."""
+        return env.workspace
+
+    def cleanup(self, env: EnvContext) -> None:
+        """Kill and remove the container (its storage too), then the runtime's cgroup dirs."""
+        if find_binary(self.store.podman) is not None:  # no podman, no container
+            self._remove(container_name(env))
+        for directory in leftover_cgroup_dirs(env.cgroup_path):
+            remove_dir(directory)
+
+    def _remove(self, name: str) -> None:
+        """``podman rm --force`` until the store no longer lists the container."""
+        deadline = time.monotonic() + REMOVE_WAIT_S
+        while self._exists(name):
+            try:
+                self.store.run("rm", "--force", "--time=0", "--ignore", name)
+                continue
+            except PodmanError as exc:  # e.g. conmon's cleanup holds the container
+                if time.monotonic() > deadline:
+                    raise PodmanError(f"container {name} is not removed: {exc}") from exc
+            time.sleep(REMOVE_POLL_S)
+
+    def _exists(self, name: str) -> bool:
+        """Whether the store lists a container called exactly ``name``."""
+        out = self.store.run("ps", "--all", "--quiet", f"--filter=name=^{name}$")
+        return bool(out.strip())
