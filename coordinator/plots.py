@@ -1,116 +1,250 @@
-"""Plots of one host's tables (matplotlib, Agg): SVG for the HTML report, PNG beside it."""
+"""Figures of one host's tables as self-contained SVG: task time with every environment shown,
+the startup range, task time relative to the fastest mode.
+
+An incomplete cell stays visibly empty: no bar, no points, a '—' whose tooltip says why.
+Durations follow ``coordinator.units``: an axis is in ms when every value on it is below 1 s.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen before pyplot loads)
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+from coordinator import svg
+from coordinator.analysis import HostTables
+from coordinator.units import MISSING, UNIT_RULE, unit_for
 
-from coordinator.analysis import HostTables  # noqa: E402
-
-FIG_WIDTH_IN = 9.0
-BAR_WIDTH = 0.8
-# Text stays text in SVG (smaller, faster, searchable); the browser supplies the font.
-plt.rcParams.update({"svg.hashsalt": "sandbench", "svg.fonttype": "none", "font.size": 9})
-PNG_DPI = 90
-LOG_SPREAD = 20.0  # values spanning more than this factor get a log axis
+WIDTH = 900.0
+LEFT = 72.0
+PLOT_H = 220.0
+MISSING_COLOR = "#a00"
+POINT_COLOR = "#111"
+MAX_BAR = 56.0  # pixels: a lone cell's bar stays a bar, not a wall
+MANY_POINTS = 30  # above this many environments a cell's points get smaller
+ENV_CLASS = "env"  # SVG class of the paths that hold one point per environment
 
 
-def _save(fig: Figure, stem: Path) -> tuple[Path, Path]:
-    """Write ``stem``.svg and ``stem``.png; returns both paths."""
+@dataclass
+class Plot:
+    """One figure: its SVG, its caption and the file it was written to (None if not written)."""
+
+    svg: str
+    caption: str
+    path: Path | None = None
+
+
+def save(canvas: svg.Canvas, caption: str, stem: Path | None) -> Plot:
+    """The figure of ``canvas``, written to ``stem``.svg when a stem is given."""
+    text = canvas.to_svg()
+    if stem is None:
+        return Plot(text, caption)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    svg, png = stem.with_suffix(".svg"), stem.with_suffix(".png")
-    fig.savefig(svg, metadata={"Date": None})
-    fig.savefig(png, dpi=PNG_DPI)
-    plt.close(fig)
-    return svg, png
+    path = stem.with_suffix(".svg")
+    path.write_text(text)
+    return Plot(text, caption, path)
 
 
-def _spread(values: np.ndarray) -> float:
-    """Ratio of the largest to the smallest finite value (1 when there are none)."""
-    finite = values[np.isfinite(values) & (values > 0)]
-    return float(finite.max() / finite.min()) if finite.size else 1.0
+def env_values(
+    t: HostTables, column: str, workloads: list[str]
+) -> dict[tuple[str, str], np.ndarray]:
+    """(mode, workload) -> ``column`` of each passed environment, in environment order."""
+    env = t.environments
+    ok = env[(env["status"] == "passed") & env["workload"].isin(workloads)]
+    ok = ok.sort_values("env_index", kind="stable")
+    return {
+        (str(m), str(w)): g[column].to_numpy(dtype=float)
+        for (m, w), g in ok.groupby(["mode", "workload"], sort=False)
+    }
+
+
+def rows_by_cell(cells: pd.DataFrame) -> dict[tuple[str, str], Any]:
+    """(mode, workload) -> that cell's row (a named tuple of the cells table)."""
+    return {(str(r.mode), str(r.workload)): r for r in cells.itertuples()}
+
+
+def _bottom_labels(c: svg.Canvas, names: list[str], x0: float, slot: float, y: float) -> float:
+    """Workload names under their slots, slanted when they do not fit; returns their bottom."""
+    widest = max(svg.text_width(n, 11) for n in names)
+    slant = widest > slot - 6
+    for i, name in enumerate(names):
+        x = x0 + (i + 0.5) * slot
+        if slant:
+            c.text(x + 4, y + 12, name, anchor="end", rotate=-28)
+        else:
+            c.text(x, y + 16, name, anchor="middle")
+    return y + (14 + widest * 0.47 if slant else 20)
 
 
 def task_time_bars(
-    t: HostTables, workloads: list[str], title: str, stem: Path
-) -> tuple[Path, Path] | None:
-    """Grouped bars: median environment task time per workload (groups) and mode (bars)."""
+    t: HostTables, workloads: list[str], title: str, stem: Path | None
+) -> Plot | None:
+    """Bars of the median task time per workload and mode, each environment's value as a point."""
     cells = t.cells[t.cells["workload"].isin(workloads)]
     if cells.empty:
         return None
-    table = cells.pivot(index="workload", columns="mode", values="task_s_median")
-    table = table.reindex(index=[w for w in workloads if w in table.index],
-                          columns=list(dict.fromkeys(cells["mode"])))  # fmt: skip
-    planned = set(zip(cells["mode"], cells["workload"], strict=True))
-    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 3.2 + 0.1 * len(table.columns)))
-    x = np.arange(len(table.index))
-    width = BAR_WIDTH / max(len(table.columns), 1)
-    values_all = table.to_numpy(dtype=float)
-    log = _spread(values_all) > LOG_SPREAD
-    floor = np.nanmin(values_all) / 2 if log else 0.0
-    for i, mode in enumerate(table.columns):
-        values = table[mode].to_numpy(dtype=float)
-        pos = x + i * width - BAR_WIDTH / 2 + width / 2
-        ax.bar(pos, np.nan_to_num(values, nan=floor) - floor, width, bottom=floor, label=mode)
-        for xi, w, v in zip(pos, table.index, values, strict=True):
-            if np.isnan(v) and (mode, w) in planned:  # incomplete: mark it, never draw a zero
-                ax.text(xi, floor, "—", ha="center", va="bottom")
-    ax.set_xticks(x, table.index, rotation=20, ha="right")
-    if log:
-        ax.set_yscale("log")
-    ax.set_ylabel("median environment task time (s)" + (", log scale" if log else ""))
-    ax.set_title(f"{title} — host {t.host}, cohort {t.cohort} ('—' = incomplete)")
-    ax.legend(fontsize=7, ncols=min(len(table.columns), 5))
-    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.2, top=0.9)
-    return _save(fig, stem)
+    all_modes = list(dict.fromkeys(t.cells["mode"]))  # host-wide order: same color everywhere
+    modes = [m for m in all_modes if m in set(cells["mode"])]
+    rows = [w for w in workloads if w in set(cells["workload"])]
+    by_key = rows_by_cell(cells)
+    complete = {k for k, r in by_key.items() if r.status == "complete"}
+    points = {k: v for k, v in env_values(t, "task_s", rows).items() if k in complete}
+    values = [by_key[k].task_s_median for k in complete] + [
+        float(v) for p in points.values() for v in p
+    ]
+    unit = unit_for(values)
+    c = svg.Canvas(WIDTH, 0, f"{title}: host {t.host}, cohort {t.cohort}")
+    c.text(LEFT, 18, c.title, size=13, bold=True)
+    keys = [(m, svg.color(all_modes.index(m))) for m in modes] + [("one environment", "")]
+    top = svg.legend(c, keys, LEFT, 38, WIDTH - 10) + 4
+    scale = svg.value_scale([v * unit.per_second for v in values], top + PLOT_H, top)
+    label = f"median environment task time ({unit.name}){', log' if scale.log else ''}"
+    svg.axis_y(c, scale, LEFT, label, WIDTH - 10)
+    slot = (WIDTH - 10 - LEFT) / len(rows)
+    bar = Bar(scale, unit.per_second, min(slot * 0.8 / len(modes), MAX_BAR))
+    for i, w in enumerate(rows):
+        x0 = LEFT + (i + 0.5) * slot - bar.width * len(modes) / 2
+        for j, m in enumerate(modes):
+            x = x0 + j * bar.width
+            bar.draw(c, x, by_key.get((m, w)), points.get((m, w)), all_modes.index(m))
+    c.height = _bottom_labels(c, rows, LEFT, slot, scale.px_lo) + 8
+    caption = (
+        "Bars: median environment task time (sum of its rounds) over N environments; "
+        f"points: each environment's own task time; {MISSING} (no bar, no points): "
+        f"incomplete cell, hover for why; {UNIT_RULE}."
+    )
+    return save(c, caption, stem)
 
 
-def startup_range(t: HostTables, stem: Path) -> tuple[Path, Path] | None:
-    """Ready per mode: median with a min-max range (ms, log scale)."""
+@dataclass(frozen=True)
+class Bar:
+    """How one cell's bar is drawn: value scale, seconds-to-unit factor, bar width."""
+
+    scale: svg.Scale
+    factor: float
+    width: float
+
+    def draw(self, c: svg.Canvas, x: float, row: Any, pts: np.ndarray | None, k: int) -> None:
+        """Bar and points of a complete cell at ``x``; '—' for an incomplete one."""
+        if row is None:  # not planned for this mode (e.g. a smoke preset's VM subset)
+            return
+        base, mid = self.scale.px_lo, x + self.width / 2
+        if row.status != "complete":
+            why = f"{row.mode} / {row.workload}: {row.reason}"
+            c.text(mid, base - 4, MISSING, 14, "middle", MISSING_COLOR, tip=why, bold=True)
+            return
+        top = self.scale(row.task_s_median * self.factor)
+        tip = f"{row.mode} / {row.workload}: median {row.task_s_median:.6g} s"
+        c.rect(x, top, self.width - 1, base - top, svg.color(k), tip=tip)
+        if pts is None:
+            return
+        offsets = [svg.spread(i, len(pts), self.width * 0.6) for i in range(len(pts))]
+        dots = [(mid + dx, self.scale(v * self.factor)) for dx, v in zip(offsets, pts, strict=True)]
+        c.dots(dots, POINT_COLOR, 5.0 if len(pts) <= MANY_POINTS else 3.0, 0.65, ENV_CLASS)
+
+
+def startup_range(t: HostTables, stem: Path | None) -> Plot | None:
+    """Ready per mode: each passed environment as a point, min-max line, median tick (ms, log)."""
     s = t.startup
     if s.empty:
         return None
-    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 2.8))
-    y = np.arange(len(s))
-    med = s["ready_ms_median"].to_numpy(dtype=float)
-    lo, hi = (
-        med - s["ready_ms_min"].to_numpy(dtype=float),
-        s["ready_ms_max"].to_numpy(dtype=float) - med,
+    env = t.environments
+    ok = env[(env["status"] == "passed") & env["ready_ms"].notna()]
+    ready = {str(m): g["ready_ms"].to_numpy(dtype=float) for m, g in ok.groupby("mode")}
+    modes = [str(m) for m in s["mode"]]
+    all_modes = list(dict.fromkeys(t.cells["mode"]))
+    row_h, top = 26.0, 30.0
+    left = max(LEFT, 16 + max(svg.text_width(m, 11) for m in modes))
+    c = svg.Canvas(
+        WIDTH,
+        top + row_h * len(modes) + 48,
+        f"Startup range (Ready): host {t.host}, cohort {t.cohort}",
     )
-    ax.errorbar(med, y, xerr=[lo, hi], fmt="o", capsize=4)
-    ax.set_yticks(y, s["mode"])
-    ax.set_xscale("log")
-    ax.set_xlabel("Ready (ms): min / median / max over passed environments")
-    ax.set_title(f"Startup range — host {t.host}, cohort {t.cohort}")
-    fig.subplots_adjust(left=0.14, right=0.98, bottom=0.18, top=0.88)
-    return _save(fig, stem)
+    c.text(LEFT, 18, c.title, size=13, bold=True)
+    span = s[["ready_ms_min", "ready_ms_max"]].to_numpy(dtype=float).ravel()
+    scale = svg.log_scale(list(span), left, WIDTH - 16)
+    bottom = top + row_h * len(modes)
+    label = "Ready (ms, log): points each passed environment, line min to max, bar the median"
+    svg.axis_x(c, scale, bottom, label, top)
+    lows, meds, highs = (
+        s[col].to_numpy(dtype=float) for col in ("ready_ms_min", "ready_ms_median", "ready_ms_max")
+    )
+    for i, mode in enumerate(modes):
+        y = top + row_h * (i + 0.5)
+        c.text(left - 8, y + 4, mode, anchor="end")
+        k = all_modes.index(mode) if mode in all_modes else i
+        c.line(scale(lows[i]), y, scale(highs[i]), y, svg.color(k), 2)
+        vals = ready.get(mode, np.array([]))
+        dots = [(scale(v), y + svg.spread(j, len(vals), row_h * 0.6)) for j, v in enumerate(vals)]
+        c.dots(dots, POINT_COLOR, 3.0, 0.5, ENV_CLASS)
+        c.rect(scale(meds[i]) - 1.5, y - 9, 3, 18, "#000", tip=f"{mode}: median {meds[i]:.4g} ms")
+    caption = (
+        "Ready in ms from the marker to the payload's ready line, over passed "
+        "environments: each point one environment, line min to max, bar the median."
+    )
+    return save(c, caption, stem)
 
 
-def relative_heatmap(t: HostTables, workloads: list[str], stem: Path) -> tuple[Path, Path] | None:
-    """Median task time relative to the fastest complete mode of each workload (1.0 = fastest)."""
+def relative_heatmap(t: HostTables, workloads: list[str], stem: Path | None) -> Plot | None:
+    """Median task time relative to the fastest complete mode of each workload (1.00x)."""
     cells = t.cells[t.cells["workload"].isin(workloads)]
     if cells.empty:
         return None
     table: pd.DataFrame = cells.pivot(index="workload", columns="mode", values="task_s_median")
-    table = table.reindex(index=[w for w in workloads if w in table.index],
-                          columns=list(dict.fromkeys(cells["mode"])))  # fmt: skip
-    ratio = table.div(table.min(axis=1), axis=0)
-    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN, 1.0 + 0.32 * len(ratio.index)))
-    im = ax.imshow(np.log10(ratio.to_numpy(dtype=float)), aspect="auto", cmap="viridis")
-    planned = set(zip(cells["mode"], cells["workload"], strict=True))
-    for (i, j), v in np.ndenumerate(ratio.to_numpy(dtype=float)):
-        if np.isnan(v) and (ratio.columns[j], ratio.index[i]) in planned:
-            ax.text(j, i, "—", ha="center", va="center", fontsize=8)  # incomplete, not fast
-    ax.set_xticks(range(len(ratio.columns)), ratio.columns)
-    ax.set_yticks(range(len(ratio.index)), ratio.index)
-    ax.set_title(f"Task time / fastest complete mode (log10) — host {t.host}, cohort {t.cohort}")
-    fig.colorbar(im, ax=ax, label="log10 ratio")
-    fig.subplots_adjust(left=0.14, right=0.98, bottom=0.12, top=0.92)
-    return _save(fig, stem)
+    rows = [w for w in workloads if w in table.index]
+    modes = list(dict.fromkeys(cells["mode"]))
+    ratio = table.reindex(index=rows, columns=modes)
+    ratio = ratio.div(ratio.min(axis=1), axis=0)
+    by_key = rows_by_cell(cells)
+    values = ratio.to_numpy(dtype=float)
+    left = 16 + max(svg.text_width(w, 11) for w in rows)
+    col = min(110.0, (WIDTH - 10 - left) / len(modes))
+    row_h, top = 22.0, 48.0
+    c = svg.Canvas(
+        WIDTH,
+        top + row_h * len(rows) + 10,
+        f"Task time / fastest complete mode: host {t.host}, cohort {t.cohort}",
+    )
+    c.text(LEFT, 18, c.title, size=13, bold=True)
+    worst = float(np.nanmax(values)) if np.isfinite(values).any() else 1.0
+    for j, m in enumerate(modes):
+        c.text(left + (j + 0.5) * col, top - 8, m, anchor="middle")
+    for i, w in enumerate(rows):
+        y = top + i * row_h
+        c.text(left - 8, y + row_h / 2 + 4, w, anchor="end")
+        for j, m in enumerate(modes):
+            cell = (left + j * col, y, col, row_h)
+            _heat_cell(c, by_key.get((m, w)), values[i, j], worst, cell)
+    caption = (
+        "Median task time of each mode divided by the fastest complete mode of the same "
+        f"workload (1.00x = fastest; darker = closer to it); {MISSING}: incomplete cell."
+    )
+    return save(c, caption, stem)
+
+
+def _heat_cell(
+    c: svg.Canvas, row: Any, r: float, worst: float, box: tuple[float, float, float, float]
+) -> None:
+    """One heatmap cell: colored ratio, or '—' on grey when the cell is incomplete."""
+    x, y, w, h = box
+    if row is None:
+        return
+    if np.isnan(r):
+        why = f"{row.mode} / {row.workload}: {row.reason}"
+        c.rect(x + 1, y + 1, w - 2, h - 2, "#eee", tip=why)
+        c.text(x + w / 2, y + h / 2 + 5, MISSING, size=13, anchor="middle", fill=MISSING_COLOR)
+        return
+    t = np.log(r) / np.log(worst) if worst > 1 else 0.0
+    c.rect(x + 1, y + 1, w - 2, h - 2, svg.ramp(float(t)), tip=f"{r:.3f}x")
+    label = f"{r:.2f}x" if r < 10 else f"{r:.1f}x" if r < 100 else f"{r:.0f}x"
+    c.text(
+        x + w / 2,
+        y + h / 2 + 4,
+        label,
+        size=10,
+        anchor="middle",
+        fill="#fff" if t < 0.6 else "#111",
+    )

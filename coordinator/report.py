@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from coordinator import plots
 from coordinator.analysis import CELL_COLUMNS, Analysis, HostTables, analyze
 from coordinator.campaign import format_size
 from coordinator.store import Campaign, Store
+from coordinator.units import MISSING, UNIT_RULE, Unit, duration, fmt, unit_for
 
 WRITES_SYNC = (
     "seq-write",
@@ -31,14 +31,16 @@ WRITES_SYNC = (
 READS_META = ("read-small", "stat-tree", "readdir-wide", "read-large", "delete-tree", "copy-tree")
 CSV_FLOAT = "%.6f"
 TASK_UNIT = (
-    "median environment task time, s (environment = sum of its rounds; median over N; "
-    "[95% bootstrap interval] when N >= 10, P95 when N >= 30)"
+    "median environment task time (environment = sum of its rounds; median over N; "
+    f"[95% bootstrap interval] when N >= 10, P95 when N >= 30); {UNIT_RULE}, "
+    "the unit after the workload's name"
 )
 CSS = """body{font:14px/1.45 system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #bbb;padding:2px 7px}
 td.num{text-align:right;font-variant-numeric:tabular-nums}td.missing{text-align:center;color:#a00}
 p.cap{font-style:italic;margin:.8em 0 .2em}ol.notes{font-size:12px;color:#444;margin-top:0}
-svg{max-width:100%;height:auto}.bad{color:#a00;font-weight:bold}.ok{color:#070}"""
+svg{max-width:100%;height:auto}figure{margin:1em 0}figcaption{font-size:12px;color:#444}
+.bad{color:#a00;font-weight:bold}.ok{color:#070}"""
 
 
 @dataclass
@@ -54,14 +56,6 @@ class Table:
 Block = tuple[str, Any]  # ("h1"|"h2"|"h3"|"p"|"ul"|"table"|"plot", payload)
 
 
-def fmt(value: Any, digits: int = 4) -> str:
-    """A number with ``digits`` significant digits, '—' for a missing one."""
-    if value is None or math.isnan(float(value)):
-        return "—"
-    v = float(value)
-    return f"{v:.0f}" if abs(v) >= 10 ** (digits - 1) else f"{v:.{digits}g}"
-
-
 def cell_table(t: HostTables, workloads: list[str], caption: str) -> Table | None:
     """Workloads (rows) x modes (columns): median task time, '—' + note when incomplete."""
     cells = t.cells[t.cells["workload"].isin(workloads)]
@@ -71,27 +65,29 @@ def cell_table(t: HostTables, workloads: list[str], caption: str) -> Table | Non
     table = Table(caption, ["workload", *modes], [])
     by_key = {(r.mode, r.workload): r for r in cells.itertuples()}
     for w in [w for w in workloads if w in set(cells["workload"])]:
-        row: list[str | tuple[str, int]] = [w]
+        found = [r for r in (by_key.get((m, w)) for m in modes) if r is not None]
+        unit = unit_for(v for r in found for v in (r.task_s_median, r.task_s_ci_high, r.task_s_p95))
+        row: list[str | tuple[str, int]] = [f"{w} ({unit.name})"]
         for m in modes:
             r = by_key.get((m, w))
             if r is None:
                 row.append("not planned")
             elif r.status == "complete":
-                row.append(_median_text(r))
+                row.append(_median_text(r, unit))
             else:
                 table.notes.append(f"{m} / {w}: {r.reason}")
-                row.append(("—", len(table.notes)))
+                row.append((MISSING, len(table.notes)))
         table.rows.append(row)
     return table
 
 
-def _median_text(r: Any) -> str:
+def _median_text(r: Any, unit: Unit) -> str:
     """Median, with its 95% interval (N >= 10) and P95 (N >= 30) when the cell has them."""
-    text = fmt(r.task_s_median)
-    if fmt(r.task_s_ci_low) != "—":
-        text += f" [{fmt(r.task_s_ci_low)}, {fmt(r.task_s_ci_high)}]"
-    if fmt(r.task_s_p95) != "—":
-        text += f" P95 {fmt(r.task_s_p95)}"
+    text = unit.show(r.task_s_median)
+    if unit.show(r.task_s_ci_low) != MISSING:
+        text += f" [{unit.show(r.task_s_ci_low)}, {unit.show(r.task_s_ci_high)}]"
+    if unit.show(r.task_s_p95) != MISSING:
+        text += f" P95 {unit.show(r.task_s_p95)}"
     return text
 
 
@@ -123,7 +119,7 @@ def headline(t: HostTables, workflows: list[str]) -> list[str]:
             for r in done.iloc[1:].itertuples()
         )
         missing = ", ".join(c[c["status"] != "complete"]["mode"])
-        text = f"{w}: fastest mode '{best['mode']}' at {fmt(best['task_s_median'])} s"
+        text = f"{w}: fastest mode '{best['mode']}' at {duration(best['task_s_median'])}"
         text += f"; relative to it: {others}" if others else ""
         text += f"; incomplete: {missing}" if missing else ""
         out.append(text + ".")
@@ -200,16 +196,15 @@ def host_blocks(t: HostTables, provenance: dict[str, Any], plot_dir: Path) -> li
         if table is None:
             continue
         blocks += [("h3", title), ("table", table)]
-        paths = plots.task_time_bars(t, workloads, title, plot_dir / f"{slug}-{name}")
-        blocks += [("plot", paths)] if paths else []
+        plot = plots.task_time_bars(t, workloads, title, plot_dir / f"{slug}-{name}")
+        blocks += [("plot", plot)] if plot else []
     mech = g["writes"] + g["reads"]
-    paths = (
-        plots.relative_heatmap(t, mech, plot_dir / f"{slug}-mechanisms-relative") if mech else None
-    )
-    blocks += [("plot", paths)] if paths else []
+    heat = plot_dir / f"{slug}-mechanisms-relative"
+    plot = plots.relative_heatmap(t, mech, heat) if mech else None
+    blocks += [("plot", plot)] if plot else []
     blocks += [("h3", "Ready and the startup range"), ("table", startup_table(t))]
-    paths = plots.startup_range(t, plot_dir / f"{slug}-startup")
-    blocks += [("plot", paths)] if paths else []
+    plot = plots.startup_range(t, plot_dir / f"{slug}-startup")
+    blocks += [("plot", plot)] if plot else []
     blocks += [("h3", "Coverage"), ("table", _coverage_table(t))]
     blocks += [("h3", "Failures and missing observations"), ("table", _failures_table(t))]
     blocks += [
@@ -249,7 +244,7 @@ def campaign_blocks(
             (
                 "p",
                 f"Host {t.host} (cohort {t.cohort}): median task time of a workflow environment "
-                "(s, sum of its rounds), fastest complete mode first:",
+                "(the sum of its rounds), fastest complete mode first:",
             ),
             ("ul", lines),
         ]
@@ -292,7 +287,7 @@ def _config_lines(plan: dict[str, Any]) -> list[str]:
 
 # --- rendering ---------------------------------------------------------------------------------
 def to_markdown(blocks: list[Block], root: Path) -> str:
-    """The report as Markdown (plots linked as relative PNGs)."""
+    """The report as Markdown (plots linked as relative SVG files, their captions below)."""
     out: list[str] = []
     for kind, payload in blocks:
         if kind in ("h1", "h2", "h3"):
@@ -302,7 +297,8 @@ def to_markdown(blocks: list[Block], root: Path) -> str:
         elif kind == "ul":
             out += [f"- {x}" for x in payload] + [""]
         elif kind == "plot":
-            out += [f"![{payload[1].stem}]({payload[1].relative_to(root)})", ""]
+            out += [f"![{payload.path.stem}]({payload.path.relative_to(root)})", "",
+                    f"*{payload.caption}*", ""]  # fmt: skip
         elif kind == "table":
             out += _md_table(payload)
     return "\n".join(out)
@@ -329,8 +325,8 @@ def to_html(blocks: list[Block]) -> str:
         elif kind == "ul":
             body.append("<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in payload) + "</ul>")
         elif kind == "plot":
-            svg = payload[0].read_text()
-            body.append("<figure>" + svg[svg.find("<svg") :] + "</figure>")
+            cap = f"<figcaption>{html.escape(payload.caption)}</figcaption>"
+            body.append(f"<figure>{payload.svg}{cap}</figure>")
         elif kind == "table":
             body.append(_html_table(payload, f"t{n}"))
     title = html.escape(blocks[0][1]) if blocks else "sandbench report"
@@ -381,6 +377,16 @@ def write_report(store: Store, campaign_id: str) -> dict[str, Any]:
     blocks = campaign_blocks(store, campaign, analysis, root / "plots")
     (root / "report.md").write_text(to_markdown(blocks, root))
     (root / "report.html").write_text(to_html(blocks))
-    plot_files = sorted((root / "plots").glob("*")) if (root / "plots").is_dir() else []
+    plot_files = sorted(p.path for kind, p in blocks if kind == "plot" and p.path is not None)
+    _remove_stale_plots(root / "plots", set(plot_files))
     return {"results": csvs, "markdown": root / "report.md", "html": root / "report.html",
             "plots": plot_files, "analysis": analysis}  # fmt: skip
+
+
+def _remove_stale_plots(plot_dir: Path, keep: set[Path]) -> None:
+    """Drop figures of an earlier build (a cohort or a format that is gone): plots/ is derived."""
+    if not plot_dir.is_dir():
+        return
+    for path in plot_dir.iterdir():
+        if path.suffix in (".svg", ".png") and path not in keep:
+            path.unlink()

@@ -17,8 +17,8 @@ from coordinator.store import Store
 
 CID = "c-20261129-ab12"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1280,2400"]  # fmt: skip
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync"]  # fmt: skip
 
 
 def _stored(tmp_path: Path) -> Store:
@@ -58,7 +58,7 @@ def test_markdown_shows_dash_with_reason_one_line_away(tmp_path: Path) -> None:
     """An incomplete cell is '— [n]' and note [n] right below its table gives the reason."""
     write_report(_stored(tmp_path), CID)
     md = (tmp_path / "data" / CID / "report.md").read_text()
-    assert "| seq-write | — [1] | 0.6 |" in md
+    assert "| seq-write (ms) | — [1] | 600 |" in md  # 0.6 s: a row below 1 s is in ms
     assert (
         "[1] native / seq-write: env 1 failed (task/oracle-mismatch: out/x); 1 not run under "
         "the first-failure-rule" in md
@@ -71,9 +71,24 @@ def test_markdown_shows_dash_with_reason_one_line_away(tmp_path: Path) -> None:
     assert (
         "| 0 |" not in md.split("Ready and the startup range")[0]
     )  # never a zero for a missing cell
-    assert list((tmp_path / "data" / CID / "plots").glob("*.svg")) and list(
-        (tmp_path / "data" / CID / "plots").glob("*.png")
-    )
+    assert "| publish (ms) | 750 | — [1] | — [2] |" in md  # lab-a: 0.75 s
+    assert "| publish (s) | 24 |" in md  # lab-b: every value of the row is 1 s or more
+    assert "fastest mode 'native' at 750 ms" in md and "fastest mode 'native' at 24 s" in md
+    figures = sorted(p.name for p in (tmp_path / "data" / CID / "plots").iterdir())
+    assert "lab-a-default-workflows.svg" in figures and all(f.endswith(".svg") for f in figures)
+    assert "![lab-a-default-workflows](plots/lab-a-default-workflows.svg)" in md
+
+
+def _screenshot(page: Path, shot: Path, size: str = "1280,2400") -> np.ndarray:
+    """RGB pixels of ``page`` as headless Chromium renders it in a window of ``size``."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    require(chromium is not None, "chromium (apt package chromium, installed by ops/setup.sh)")
+    assert chromium is not None
+    profile = shot.parent / "chromium-profile"
+    argv = [chromium, *CHROMIUM_FLAGS, f"--window-size={size}", f"--user-data-dir={profile}",
+            f"--screenshot={shot}", page.as_uri()]  # fmt: skip
+    subprocess.run(argv, capture_output=True, timeout=120, check=True)
+    return np.asarray(Image.open(shot).convert("RGB")).astype(int)
 
 
 def test_html_is_self_contained_and_renders(tmp_path: Path) -> None:
@@ -83,16 +98,45 @@ def test_html_is_self_contained_and_renders(tmp_path: Path) -> None:
     text = page.read_text()
     assert "<svg" in text and " src=" not in text and "<link" not in text and "<script" not in text
     assert "title='native / seq-write: env 1 failed" in text
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    require(chromium is not None, "chromium (apt package chromium, installed by ops/setup.sh)")
-    assert chromium is not None
-    shot = tmp_path / "report.png"
-    profile = tmp_path / "chromium-profile"
-    subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={shot}",
-                    page.as_uri()], capture_output=True, timeout=120, check=True)  # fmt: skip
-    pixels = np.asarray(Image.open(shot).convert("L"))
-    assert pixels.shape == (2400, 1280)
-    assert (pixels < 128).mean() > 0.005  # text and plots, not a blank page
+    pixels = _screenshot(page, tmp_path / "report.png")
+    assert pixels.shape == (2400, 1280, 3)
+    assert (pixels.mean(axis=2) < 128).mean() > 0.005  # text and plots, not a blank page
+
+
+def test_task_time_figure_shows_each_environment_and_dashes(tmp_path: Path) -> None:
+    """A figure has a point per environment; an incomplete cell no bar but '—' and its reason."""
+    write_report(_stored(tmp_path), CID)
+    figure = (tmp_path / "data" / CID / "plots" / "lab-a-default-workflows.svg").read_text()
+    points = re.findall(r"<path class='env' d='([^']*)'", figure)
+    assert sum(d.count("h0") for d in points) == 3  # native / publish: its 3 environments
+    assert "<title>native / publish: median 0.75 s</title>" in figure  # the one bar
+    assert "staged / publish" not in "".join(re.findall(r"<rect[^>]*>.*?</rect>", figure))
+    for why in ("staged / publish: 1 of 3 have no record yet",
+                "vm / publish: preflight failed: no KVM and no TCG"):  # fmt: skip
+        assert f"—<title>{why}</title></text>" in figure
+    assert "median environment task time (ms)" in figure  # every value below 1 s
+    lab_b = (tmp_path / "data" / CID / "plots" / "lab-b-default-workflows.svg").read_text()
+    assert "median environment task time (s)" in lab_b  # 21-27 s
+
+
+def test_figure_renders_not_blank(tmp_path: Path) -> None:
+    """The workflow figure alone, rendered by Chromium, shows its bar, its points and its dashes."""
+    write_report(_stored(tmp_path), CID)
+    text = (tmp_path / "data" / CID / "report.html").read_text()
+    figure = text[text.index("<figure>") : text.index("</figure>") + len("</figure>")]
+    assert "Task completion per workflow and mode: host lab-a" in figure
+    page = tmp_path / "figure.html"
+    page.write_text(f"<!doctype html><html><body style='margin:0'>{figure}</body></html>")
+    pixels = _screenshot(page, tmp_path / "figure.png", "960,420")
+    (tmp_path / "figure.png").rename(tmp_path / "data" / "figure.png")  # kept to look at
+
+    def share(rgb: tuple[int, int, int], tolerance: int = 12) -> float:
+        return float((np.abs(pixels - np.array(rgb)).max(axis=2) <= tolerance).mean())
+
+    assert share((0x4E, 0x79, 0xA7)) > 0.005  # native's bar (its color, 4e79a7)
+    assert share((0xAA, 0x00, 0x00), 40) > 0.00002  # the red dashes of the incomplete cells
+    assert (pixels.mean(axis=2) < 80).mean() > 0.002  # points, axes and text
+    assert share((255, 255, 255), 0) < 0.97  # not blank
 
 
 def test_tails_are_shown_only_when_n_allows() -> None:
