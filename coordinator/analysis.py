@@ -146,26 +146,36 @@ def _mark_superseded(planned: pd.DataFrame, raw: pd.DataFrame) -> pd.DataFrame:
 
 
 @lru_cache(maxsize=64)
-def _resample_ranks(seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _resample_ranks(key: tuple[int, ...], n: int) -> tuple[np.ndarray, np.ndarray]:
     """Ranks of the two middle draws of each bootstrap resample of ``n`` sorted values.
 
     Resampling indices and sorting them gives, for sorted values ``x``, the sorted resample
-    ``x[idx]``: its median is ``(x[lo] + x[hi]) / 2``. One seeded index matrix per (seed, n)
+    ``x[idx]``: its median is ``(x[lo] + x[hi]) / 2``. One seeded index matrix per (key, n)
     serves every cell with n environments, so 100,000 environments cost one sort, not 342.
     """
-    rng = np.random.default_rng([seed, n])
+    rng = np.random.default_rng([*key, n])
     idx = np.sort(rng.integers(0, n, size=(BOOTSTRAP_RESAMPLES, n)), axis=1)
     return idx[:, (n - 1) // 2], idx[:, n // 2]
 
 
+def resample_medians(values: np.ndarray, key: tuple[int, ...]) -> np.ndarray:
+    """Medians of the seeded bootstrap resamples of ``values``; ``key`` seeds the draws."""
+    x = np.sort(np.asarray(values, dtype=float))
+    lo, hi = _resample_ranks(key, len(x))
+    medians: np.ndarray = (x[lo] + x[hi]) / 2
+    return medians
+
+
+def percentile_interval(draws: np.ndarray) -> tuple[float, float]:
+    """The central BOOTSTRAP_LEVEL interval of bootstrap ``draws``."""
+    tail = (1 - BOOTSTRAP_LEVEL) / 2 * 100
+    low, high = np.percentile(draws, [tail, 100 - tail])
+    return float(low), float(high)
+
+
 def bootstrap_ci(values: np.ndarray, seed: int) -> tuple[float, float]:
     """Seeded percentile bootstrap 95% interval of the median of ``values``."""
-    x = np.sort(np.asarray(values, dtype=float))
-    lo, hi = _resample_ranks(seed, len(x))
-    medians = (x[lo] + x[hi]) / 2
-    tail = (1 - BOOTSTRAP_LEVEL) / 2 * 100
-    low, high = np.percentile(medians, [tail, 100 - tail])
-    return float(low), float(high)
+    return percentile_interval(resample_medians(values, (seed,)))
 
 
 def _reason(g: pd.DataFrame, n: int) -> str:
@@ -233,6 +243,21 @@ def _fill_per_cell(cells: pd.DataFrame, g: Any, seed: int) -> None:
             cells.at[i, "task_s_ci_low"], cells.at[i, "task_s_ci_high"] = bootstrap_ci(sums, seed)
             if row["planned"] >= P95_MIN_N:
                 cells.at[i, "task_s_p95"] = float(np.percentile(sums, 95))
+
+
+def passed_values(
+    t: HostTables, column: str, workloads: Sequence[str] | None = None
+) -> dict[tuple[str, str], np.ndarray]:
+    """(mode, workload) -> ``column`` of each passed environment, in environment order."""
+    env = t.environments
+    keep = env["status"] == "passed"
+    if workloads is not None:
+        keep &= env["workload"].isin(list(workloads))
+    ok = env[keep].sort_values("env_index", kind="stable")
+    return {
+        (str(m), str(w)): g[column].to_numpy(dtype=float)
+        for (m, w), g in ok.groupby(["mode", "workload"], sort=False)
+    }
 
 
 def _startup(env: pd.DataFrame) -> pd.DataFrame:

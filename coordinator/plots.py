@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from coordinator import svg
-from coordinator.analysis import HostTables
+from coordinator.analysis import HostTables, passed_values
 from coordinator.units import MISSING, UNIT_RULE, unit_for
 
 WIDTH = 900.0
@@ -48,19 +48,6 @@ def save(canvas: svg.Canvas, caption: str, stem: Path | None) -> Plot:
     return Plot(text, caption, path)
 
 
-def env_values(
-    t: HostTables, column: str, workloads: list[str]
-) -> dict[tuple[str, str], np.ndarray]:
-    """(mode, workload) -> ``column`` of each passed environment, in environment order."""
-    env = t.environments
-    ok = env[(env["status"] == "passed") & env["workload"].isin(workloads)]
-    ok = ok.sort_values("env_index", kind="stable")
-    return {
-        (str(m), str(w)): g[column].to_numpy(dtype=float)
-        for (m, w), g in ok.groupby(["mode", "workload"], sort=False)
-    }
-
-
 def rows_by_cell(cells: pd.DataFrame) -> dict[tuple[str, str], Any]:
     """(mode, workload) -> that cell's row (a named tuple of the cells table)."""
     return {(str(r.mode), str(r.workload)): r for r in cells.itertuples()}
@@ -91,7 +78,7 @@ def task_time_bars(
     rows = [w for w in workloads if w in set(cells["workload"])]
     by_key = rows_by_cell(cells)
     complete = {k for k, r in by_key.items() if r.status == "complete"}
-    points = {k: v for k, v in env_values(t, "task_s", rows).items() if k in complete}
+    points = {k: v for k, v in passed_values(t, "task_s", rows).items() if k in complete}
     values = [by_key[k].task_s_median for k in complete] + [
         float(v) for p in points.values() for v in p
     ]
@@ -248,3 +235,44 @@ def _heat_cell(
         anchor="middle",
         fill="#fff" if t < 0.6 else "#111",
     )
+
+
+VERDICT_COLORS = {
+    "faster": "#2a7d2e",
+    "slower": "#b3261e",
+    "no significant difference": "#555",
+    "exploratory": "#999",
+    "withheld": "#c77700",
+}
+
+
+def ratio_plot(
+    rows: list[tuple[str, float, float | None, float | None, str]],
+    title: str,
+    stem: Path | None = None,
+) -> Plot | None:
+    """Ratio B / A per cell (label, ratio, low, high, verdict) on a log axis, 1 marked."""
+    if not rows:
+        return None
+    left = 16 + max(svg.text_width(r[0], 11) for r in rows)
+    row_h, top = 22.0, 30.0
+    bottom = top + row_h * len(rows)
+    c = svg.Canvas(WIDTH, bottom + 48, title)
+    c.text(LEFT, 18, title, size=13, bold=True)
+    span = [v for r in rows for v in (r[1], r[2], r[3]) if v is not None] + [1.0]
+    scale = svg.log_scale(span, left, WIDTH - 16)
+    svg.axis_x(c, scale, bottom, "ratio B / A (log): below 1, B is faster", top)
+    c.line(scale(1.0), top, scale(1.0), bottom, "#000", 1, dash="4 3")
+    for i, (label, ratio, low, high, word) in enumerate(rows):
+        y = top + row_h * (i + 0.5)
+        fill = VERDICT_COLORS.get(word, "#555")
+        c.text(left - 8, y + 4, label, anchor="end")
+        if low is not None and high is not None:
+            c.line(scale(low), y, scale(high), y, fill, 2)
+        c.dots([(scale(ratio), y)], fill, 8.0, 1.0)
+        c.text(WIDTH - 16, y - 5, word, size=9, anchor="end", fill=fill)
+    caption = (
+        "Ratio of medians B / A per cell: point the ratio, line its bootstrap 95% interval "
+        "(both sides N >= 10; none when exploratory), dashed line 1 (no change)."
+    )
+    return save(c, caption, stem)

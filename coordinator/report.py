@@ -168,12 +168,13 @@ def _missing_list(t: HostTables) -> list[str]:
     return [f"{r.mode} / {r.workload}: {r.reason}" for r in inc.itertuples()]
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+def flatten_facts(d: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """Nested provenance facts as (dotted.key, text) pairs, sorted by key."""
     out: list[tuple[str, str]] = []
     for k in sorted(d):
         v = d[k]
         if isinstance(v, dict):
-            out += _flatten(v, f"{prefix}{k}.")
+            out += flatten_facts(v, f"{prefix}{k}.")
         else:
             out.append((f"{prefix}{k}", json.dumps(v) if isinstance(v, list) else str(v)))
     return out
@@ -212,7 +213,7 @@ def host_blocks(t: HostTables, provenance: dict[str, Any], plot_dir: Path) -> li
         ("ul", _missing_list(t) or ["none"]),
     ]
     prov = Table(
-        "Provenance of this host", ["fact", "value"], [[k, v] for k, v in _flatten(provenance)]
+        "Provenance of this host", ["fact", "value"], [[k, v] for k, v in flatten_facts(provenance)]
     )
     blocks += [("h3", "Provenance"), ("table", prov)]
     return blocks
@@ -365,13 +366,18 @@ def write_results_csv(store: Store, campaign_id: str, analysis: Analysis) -> lis
     return paths
 
 
+def analyze_stored(store: Store, campaign: Campaign, dicts: list[dict[str, Any]]) -> Analysis:
+    """The analysis of a stored campaign from its record dicts (``store.record_dicts``)."""
+    try:
+        return analyze(dicts, campaign)
+    except (KeyError, TypeError):  # a damaged record: the validating path says which line
+        return analyze(store.records(campaign.id), campaign)
+
+
 def write_report(store: Store, campaign_id: str) -> dict[str, Any]:
     """Rebuild every derived file of a campaign from its raw records; returns their paths."""
     campaign = store.load_campaign(campaign_id)
-    try:
-        analysis = analyze(store.record_dicts(campaign_id), campaign)
-    except (KeyError, TypeError):  # a damaged record: the validating path says which line
-        analysis = analyze(store.records(campaign_id), campaign)
+    analysis = analyze_stored(store, campaign, store.record_dicts(campaign_id))
     root = store.campaign_dir(campaign_id)
     csvs = write_results_csv(store, campaign_id, analysis)
     blocks = campaign_blocks(store, campaign, analysis, root / "plots")

@@ -13,7 +13,7 @@ import click
 from tasks.errors import SandbenchError
 
 # Command-group modules of this package; each defines ``register(group)``.
-COMMAND_MODULES = ("workloads", "modes", "env", "campaign", "host", "vm", "fleet")
+COMMAND_MODULES = ("workloads", "modes", "env", "campaign", "compare", "host", "vm", "fleet")
 
 
 class _Main(click.Group):

@@ -93,14 +93,23 @@ def tables_for(t: HostTables) -> list[Table | str]:
     return [*(_rich(cells) if cells else []), *_rich(ready), coverage]
 
 
+def _print_items(items: list[Table | str], console: Console) -> None:
+    for item in items:
+        if isinstance(item, str):
+            click.echo(item)
+        else:
+            console.print(item)
+
+
+def print_report_table(table: ReportTable, console: Console) -> None:
+    """Print one report table: caption, rich table, notes."""
+    _print_items(_rich(table), console)
+
+
 def print_tables(analysis: Analysis, console: Console) -> None:
     """Print every host's main tables (never mixing hosts or cohorts)."""
     for t in analysis.tables:
-        for item in tables_for(t):
-            if isinstance(item, str):
-                click.echo(item)
-            else:
-                console.print(item)
+        _print_items(tables_for(t), console)
 
 
 @click.command("run")

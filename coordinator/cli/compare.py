@@ -1,0 +1,156 @@
+"""``sandbench compare A B``: two result sets of one cohort, per host and cell, in four formats.
+
+Output: a terminal table (default), ``--json``, ``--csv`` (both on stdout, durations in
+seconds) and ``--html FILE`` (a self-contained page: tables, a ratio figure, what was not
+compared). A refused comparison (cohorts, hosts, different work) exits 2 with the reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from coordinator import plots
+from coordinator.cli.campaign import DATA_OPTION, print_report_table
+from coordinator.compare import EXPLORATORY, Cell, Comparison, compare, load_side
+from coordinator.report import Block, Table, to_html
+from coordinator.store import Store
+from coordinator.units import UNIT_RULE, fmt, unit_for
+
+RATIO_TEXT = "ratio = B / A (below 1: B is faster; above 1: B is slower)"
+CSV_COLUMNS = ["host", "cohort", "workload", "mode_a", "mode_b", "n_a", "n_b", "median_a_s",
+               "median_b_s", "ratio", "ratio_low", "ratio_high", "verdict", "why"]  # fmt: skip
+
+
+def host_tables(c: Comparison) -> list[tuple[str, Table, list[Cell]]]:
+    """One table per (host, cohort): its compared cells, and the cells not compared as notes."""
+    found = [(x.host, x.cohort) for x in c.cells] + [(e.host, e.cohort) for e in c.excluded]
+    keys = list(dict.fromkeys(found))
+    out = []
+    for host, cohort in keys:
+        cells = [x for x in c.cells if (x.host, x.cohort) == (host, cohort)]
+        table = Table(
+            f"host {host}, cohort {cohort}: median environment task time of A and B, {RATIO_TEXT}; "
+            f"{UNIT_RULE}",
+            ["workload", "mode A → B", "N A / B", "median A", "median B", "ratio",
+             "95% interval", "verdict"], [])  # fmt: skip
+        for x in cells:
+            unit = unit_for([x.median_a, x.median_b])
+            interval = f"[{fmt(x.low, 3)}, {fmt(x.high, 3)}]" if x.low is not None else "—"
+            table.rows.append([x.workload, _modes(x.mode_a, x.mode_b), f"{x.n_a} / {x.n_b}",
+                               f"{unit.show(x.median_a)} {unit.name}",
+                               f"{unit.show(x.median_b)} {unit.name}", fmt(x.ratio, 3),
+                               interval, x.verdict])  # fmt: skip
+        for e in c.excluded:
+            if (e.host, e.cohort) == (host, cohort):
+                table.notes.append(f"not compared: {_modes(e.mode_a, e.mode_b)} / "
+                                   f"{e.workload}: {e.why}")  # fmt: skip
+        out.append((f"host {host}, cohort {cohort}", table, cells))
+    return out
+
+
+def _modes(a: str, b: str) -> str:
+    return a if a == b else f"{a} → {b}"
+
+
+def header_lines(c: Comparison) -> list[str]:
+    """What is compared with what, how, and what else differs."""
+    lines = [f"A = {c.a}; B = {c.b}; {RATIO_TEXT}",
+             "per cell complete on both sides; both N >= 10: bootstrap 95% interval of the ratio "
+             "and a verdict; otherwise exploratory (the ratio alone)"]  # fmt: skip
+    if c.drift is not None:
+        lines.append(f"machine drift B / A: {c.drift.ratio:.3g}x ({c.drift.source})")
+    return lines + [f"note: {n}" for n in c.notes]
+
+
+def to_json(c: Comparison) -> dict[str, Any]:
+    """The comparison as one JSON object (durations in seconds)."""
+    doc = dataclasses.asdict(c)
+    doc["ratio_definition"] = "median B / median A"
+    return doc
+
+
+def to_csv(c: Comparison) -> str:
+    """One CSV row per cell, compared or not (a cell not compared: empty numbers, its why)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, CSV_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for x in c.cells:
+        row = dataclasses.asdict(x)
+        row["median_a_s"], row["median_b_s"] = row.pop("median_a"), row.pop("median_b")
+        row["ratio_low"], row["ratio_high"] = row.pop("low"), row.pop("high")
+        w.writerow(row)
+    for e in c.excluded:
+        w.writerow({**dataclasses.asdict(e), "verdict": "not compared"})
+    return buf.getvalue()
+
+
+def html_blocks(c: Comparison) -> list[Block]:
+    """The comparison as report blocks: a section per host with its table and ratio figure."""
+    blocks: list[Block] = [("h1", f"sandbench compare: {c.a} vs {c.b}"),
+                           ("ul", header_lines(c))]  # fmt: skip
+    for title, table, cells in host_tables(c):
+        blocks += [("h2", f"Comparison, {title}"), ("table", table)]
+        rows = [(f"{_modes(x.mode_a, x.mode_b)} / {x.workload}", x.ratio, x.low, x.high,
+                 x.verdict) for x in cells]  # fmt: skip
+        plot = plots.ratio_plot(rows, f"Ratio B / A: {title}")
+        blocks += [("plot", plot)] if plot else []
+    if not c.cells and not c.excluded:
+        blocks.append(("p", "No cell is present on both sides."))
+    return blocks
+
+
+@click.command("compare")
+@click.argument("side_a", metavar="A")
+@click.argument("side_b", metavar="B")
+@DATA_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print one CSV row per cell.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write a self-contained HTML page.")  # fmt: skip
+def compare_command(side_a: str, side_b: str, data_dir: Path, as_json: bool, as_csv: bool,
+                    html_path: Path | None) -> None:  # fmt: skip
+    """Compare B with A per host and cell: medians, ratio B / A, interval and verdict.
+
+    A and B are campaign ids (or campaign directories), or ID:MODE for one mode of a campaign.
+    """
+    if as_json and as_csv:
+        raise click.UsageError("--json and --csv print to stdout: give one of them")
+    store = Store(data_dir)
+    result = compare(load_side(store, side_a), load_side(store, side_b))
+    if html_path is not None:
+        html_path.write_text(to_html(html_blocks(result)))
+    if as_json:
+        click.echo(json.dumps(to_json(result), indent=1))
+    elif as_csv:
+        click.echo(to_csv(result), nl=False)
+    else:
+        _print(result)
+    if html_path is not None and not (as_json or as_csv):
+        click.echo(f"wrote {html_path}")
+
+
+def _print(c: Comparison) -> None:
+    """The terminal view: header, one table per host, what was not compared."""
+    console = Console(width=160) if not sys.stdout.isatty() else Console()
+    for line in header_lines(c):
+        click.echo(line)
+    for _, table, cells in host_tables(c):
+        print_report_table(table, console)
+        if any(x.verdict == EXPLORATORY for x in cells):
+            click.echo("exploratory: N < 10 on a side; the ratio alone, no interval, no verdict")
+    if not c.cells and not c.excluded:
+        click.echo("no cell is present on both sides")
+
+
+def register(main: click.Group) -> None:
+    """Attach ``compare`` to ``main``."""
+    main.add_command(compare_command)

@@ -1,0 +1,300 @@
+"""Comparison of two result sets of one cohort, host by host and cell by cell.
+
+A side is a whole campaign or one mode of a campaign (``ID:MODE``). Cells are matched per host:
+by (mode, workload) between two campaigns, by workload between two modes. For each cell
+complete on both sides: the two medians of the environment task time, their ratio B / A (below
+1: B is faster) and, when both sides have N >= 10, a seeded bootstrap 95% interval of the ratio
+with a verdict; with fewer environments the ratio alone, marked exploratory. A cell incomplete
+on either side, or present on one side only, is listed with why, never compared.
+
+Refused (``CompareRefused``): two cohorts, no host in common, a host whose records the two
+sides' keys signed differently (not the same machine), environments doing different work.
+
+``Drift`` is the one input for the machine's own shift between the two sides (issue 15 part 3:
+a sentinel's ratio). Given, and at least as large as a cell's effect, it withholds the verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coordinator.analysis import (
+    CI_MIN_N,
+    Analysis,
+    HostTables,
+    passed_values,
+    percentile_interval,
+    resample_medians,
+)
+from coordinator.report import analyze_stored, flatten_facts
+from coordinator.store import CAMPAIGN_FILE, Campaign, Store
+from tasks.errors import SandbenchError
+
+FASTER, SLOWER = "faster", "slower"
+SAME = "no significant difference"
+EXPLORATORY = "exploratory"
+WITHHELD = "withheld"
+SAME_WORK = ("scale", "rounds")  # plan fields that set what one environment does
+NOTED_PLAN = ("environments", "limit_s", "quota", "vm", "seed")
+NOTED_FACTS = ("cpu_model", "cores", "memory_bytes", "kernel", "os", "cgroup", "harness.commit",
+               "work_root_fs.type", "tools.")  # fmt: skip
+
+
+class CompareRefused(SandbenchError):
+    """Two result sets the study's rules keep apart, or a side that does not exist."""
+
+
+@dataclass(frozen=True)
+class Drift:
+    """The machine's own shift between the sides: a B / A ratio of calibration runs."""
+
+    ratio: float
+    source: str  # what measured it, for the message
+
+
+@dataclass
+class Side:
+    """One side: a stored campaign, or one mode of it."""
+
+    label: str
+    campaign: Campaign
+    analysis: Analysis
+    signers: dict[str, set[str]]  # host -> key ids that signed its records
+    provenance: dict[str, dict[str, Any]]  # host -> provenance facts
+    mode: str | None = None
+
+    def table(self, host: str, cohort: str) -> HostTables | None:
+        """This side's tables of one host and cohort."""
+        return next((t for t in self.analysis.tables if (t.host, t.cohort) == (host, cohort)), None)
+
+    def cells(self, t: HostTables) -> dict[Any, Any]:
+        """Cell key (workload with a mode, else (mode, workload)) -> its row, in table order."""
+        rows = t.cells if self.mode is None else t.cells[t.cells["mode"] == self.mode]
+        return {(r.workload if self.mode else (r.mode, r.workload)): r for r in rows.itertuples()}
+
+
+@dataclass
+class Cell:
+    """One compared cell: medians (s), ratio B / A, its interval when N allows, a verdict."""
+
+    host: str
+    cohort: str
+    workload: str
+    mode_a: str
+    mode_b: str
+    n_a: int
+    n_b: int
+    median_a: float
+    median_b: float
+    ratio: float
+    low: float | None
+    high: float | None
+    verdict: str
+    why: str
+
+
+@dataclass
+class Excluded:
+    """A cell listed but not compared, with why."""
+
+    host: str
+    cohort: str
+    workload: str
+    mode_a: str
+    mode_b: str
+    why: str
+
+
+@dataclass
+class Comparison:
+    """Everything ``compare`` found: compared cells, excluded cells, notes."""
+
+    a: str
+    b: str
+    cells: list[Cell] = field(default_factory=list)
+    excluded: list[Excluded] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    drift: Drift | None = None
+
+
+def parse_side(text: str) -> tuple[str, str | None]:
+    """``ID`` or ``ID:MODE`` -> (campaign id or directory, mode or None)."""
+    ident, sep, mode = text.rpartition(":")
+    if sep and mode and "/" not in mode:
+        return ident, mode
+    return text, None
+
+
+def load_side(store: Store, text: str) -> Side:
+    """The side named ``text`` (a campaign id in ``store`` or a campaign directory, ``:MODE``)."""
+    ident, mode = parse_side(text)
+    path = Path(ident)
+    if (path / CAMPAIGN_FILE).is_file():  # a campaign directory, e.g. copied from another lab
+        store, ident = Store(path.parent), path.name
+    campaign = store.load_campaign(ident)
+    dicts = store.record_dicts(ident)
+    signers: dict[str, set[str]] = {}
+    for d in dicts:
+        sig = d.get("signature")
+        if isinstance(sig, dict) and sig.get("key_id"):
+            signers.setdefault(str(d.get("host")), set()).add(str(sig["key_id"]))
+    analysis = analyze_stored(store, campaign, dicts)
+    provenance = {t.host: store.provenance(ident, t.host) for t in analysis.tables}
+    side = Side(text, campaign, analysis, signers, provenance, mode)
+    modes = {str(m) for t in analysis.tables for m in t.cells["mode"]}
+    if mode is not None and mode not in modes:
+        raise CompareRefused(f"{text}: campaign {ident} has no mode '{mode}' "
+                             f"(its modes: {', '.join(sorted(modes)) or 'none'})")  # fmt: skip
+    return side
+
+
+def verdict(n_a: int, n_b: int, ratio: float, interval: tuple[float, float] | None,
+            drift: Drift | None = None) -> tuple[str, str]:  # fmt: skip
+    """(verdict, why) of one cell; ``drift`` withholds faster/slower when it is as large."""
+    if interval is None:
+        return EXPLORATORY, f"N = {n_a} and {n_b}: ratio only (an interval needs N >= {CI_MIN_N})"
+    low, high = interval
+    if low <= 1.0 <= high:
+        return SAME, "the 95% interval of the ratio contains 1"
+    word = FASTER if high < 1.0 else SLOWER
+    if drift is not None and abs(math.log(drift.ratio)) >= abs(math.log(ratio)):
+        return WITHHELD, (f"B looks {word} ({ratio:.3g}x), but the machine itself moved "
+                          f"{drift.ratio:.3g}x between A and B ({drift.source})")  # fmt: skip
+    return word, f"the 95% interval of the ratio lies {'below' if word == FASTER else 'above'} 1"
+
+
+def ratio_interval(a: np.ndarray, b: np.ndarray, seed: tuple[int, ...]) -> tuple[float, float]:
+    """Bootstrap 95% interval of median(b) / median(a), resampling each side independently."""
+    return percentile_interval(resample_medians(b, (*seed, 2)) / resample_medians(a, (*seed, 1)))
+
+
+def compare(a: Side, b: Side, drift: Drift | None = None) -> Comparison:
+    """Compare side ``b`` with side ``a`` under the study's rules (raises ``CompareRefused``)."""
+    if (a.mode is None) != (b.mode is None):
+        raise CompareRefused("name a mode on both sides (ID:MODE ID:MODE) or on neither")
+    pairs = host_pairs(a, b)
+    _check_same_work(a, b)
+    out = Comparison(a.label, b.label, drift=drift, notes=_notes(a, b, pairs))
+    seed = (int(a.campaign.plan.get("seed", 0)), int(b.campaign.plan.get("seed", 0)))
+    for host, cohort in pairs:
+        ta, tb = a.table(host, cohort), b.table(host, cohort)
+        assert ta is not None and tb is not None
+        _compare_host(out, (a, ta), (b, tb), seed)
+    return out
+
+
+def host_pairs(a: Side, b: Side) -> list[tuple[str, str]]:
+    """(host, cohort) present on both sides; refuses other cohorts, other hosts, other keys."""
+    ka = {(t.host, t.cohort) for t in a.analysis.tables}
+    kb = {(t.host, t.cohort) for t in b.analysis.tables}
+    ca, cb = {c for _, c in ka}, {c for _, c in kb}
+    if not ca & cb:
+        raise CompareRefused(
+            f"{a.label} is cohort {_names(ca)} and {b.label} cohort {_names(cb)}: results of "
+            "two cohorts are never compared or pooled (the study's rule); compare campaigns "
+            "of one cohort"
+        )
+    common = sorted(ka & kb)
+    if not common:
+        ha, hb = {h for h, _ in ka}, {h for h, _ in kb}
+        raise CompareRefused(
+            f"{a.label} ran on {_names(ha)} and {b.label} on {_names(hb)}: results of different "
+            "hosts are never compared (the study's rule); compare two result sets of one host"
+        )
+    for host, _ in common:
+        sa, sb = a.signers.get(host, set()), b.signers.get(host, set())
+        if sa and sb and not sa & sb:
+            raise CompareRefused(
+                f"host {host} signed {a.label} with {_names(sa)} and {b.label} with "
+                f"{_names(sb)}: not the same machine as far as the records show, and results "
+                "of different hosts are never compared (the study's rule)"
+            )
+    return common
+
+
+def _check_same_work(a: Side, b: Side) -> None:
+    """Refuse sides whose environments do different work (a time ratio would mean nothing)."""
+    for name in SAME_WORK:
+        va, vb = a.campaign.plan.get(name), b.campaign.plan.get(name)
+        if va != vb:
+            raise CompareRefused(
+                f"{a.label} has {name} {va} and {b.label} {name} {vb}: their environments do "
+                "different work, so their task times are not compared; run both with one "
+                f"{name}"
+            )
+
+
+def _compare_host(
+    out: Comparison, a: tuple[Side, HostTables], b: tuple[Side, HostTables], seed: tuple[int, int]
+) -> None:
+    """Append the compared and the excluded cells of one host and cohort."""
+    (sa, ta), (sb, tb) = a, b
+    ca, cb = sa.cells(ta), sb.cells(tb)
+    va, vb = passed_values(ta, "task_s"), passed_values(tb, "task_s")
+    for key in [*ca, *(k for k in cb if k not in ca)]:
+        ra, rb = ca.get(key), cb.get(key)
+        workload = key if isinstance(key, str) else key[1]
+        ma = sa.mode or (key[0] if isinstance(key, tuple) else "")
+        mb = sb.mode or ma
+        why = _why_not(sa, ra, sb, rb)
+        if why:
+            out.excluded.append(Excluded(ta.host, ta.cohort, workload, ma, mb, why))
+            continue
+        xa, xb = va[(ma, workload)], vb[(mb, workload)]
+        out.cells.append(_cell(ta, workload, (ma, xa), (mb, xb), seed, out.drift))
+
+
+def _cell(t: HostTables, workload: str, a: tuple[str, np.ndarray], b: tuple[str, np.ndarray],
+          seed: tuple[int, int], drift: Drift | None) -> Cell:  # fmt: skip
+    """One compared cell from the environment task times of both sides."""
+    (ma, xa), (mb, xb) = a, b
+    med_a, med_b = float(np.median(xa)), float(np.median(xb))
+    ratio = med_b / med_a
+    interval = ratio_interval(xa, xb, seed) if min(len(xa), len(xb)) >= CI_MIN_N else None
+    word, why = verdict(len(xa), len(xb), ratio, interval, drift)
+    low, high = interval if interval else (None, None)
+    return Cell(t.host, t.cohort, workload, ma, mb, len(xa), len(xb), med_a, med_b, ratio,
+                low, high, word, why)  # fmt: skip
+
+
+def _why_not(sa: Side, ra: Any, sb: Side, rb: Any) -> str:
+    """Why a matched cell is not compared ('' when it is)."""
+    if ra is None or rb is None:
+        return f"only in {sa.label if rb is None else sb.label}"
+    parts = [f"{s.label}: {r.status} ({r.reason})" for s, r in ((sa, ra), (sb, rb))
+             if r.status != "complete"]  # fmt: skip
+    if not parts and min(ra.task_s_median, rb.task_s_median) <= 0:
+        parts.append("a median of zero has no ratio")
+    return "; ".join(parts)
+
+
+def _notes(a: Side, b: Side, pairs: list[tuple[str, str]]) -> list[str]:
+    """What else differs: plan settings, host facts, hosts of one side only."""
+    notes = []
+    for name in NOTED_PLAN:
+        va, vb = a.campaign.plan.get(name), b.campaign.plan.get(name)
+        if va != vb:
+            notes.append(f"plan {name}: {va} in {a.label}, {vb} in {b.label}")
+    for host in sorted({h for h, _ in pairs}):
+        fa = dict(flatten_facts(a.provenance.get(host, {})))
+        fb = dict(flatten_facts(b.provenance.get(host, {})))
+        for k in sorted(set(fa) | set(fb)):
+            if k.startswith(NOTED_FACTS) and fa.get(k) != fb.get(k):
+                notes.append(f"host {host} {k}: {fa.get(k, '—')} in {a.label}, "
+                             f"{fb.get(k, '—')} in {b.label}")  # fmt: skip
+    paired = set(pairs)
+    for side in (a, b):
+        for t in side.analysis.tables:
+            if (t.host, t.cohort) not in paired:
+                notes.append(f"host {t.host} (cohort {t.cohort}) only in {side.label}: "
+                             "not compared")  # fmt: skip
+    return notes
+
+
+def _names(values: set[str]) -> str:
+    return ", ".join(sorted(values)) or "nothing"

@@ -1,0 +1,198 @@
+"""`sandbench compare A B` on real small campaigns: ratios, intervals, verdicts, refusals."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_campaign_local import Lab, _campaign_id
+
+from coordinator.compare import (
+    EXPLORATORY,
+    FASTER,
+    SAME,
+    SLOWER,
+    WITHHELD,
+    Drift,
+    ratio_interval,
+    verdict,
+)
+
+SLOW_SYNC_S = 0.05  # the slow mode's sync sleeps this long inside every round's clock
+PLAN = """
+name = "{name}"
+cohort = "{cohort}"
+seed = 3
+scale = {scale}
+environments = {n}
+rounds = 1
+workloads = ["stat-tree"]
+modes = {modes}
+"""
+NATIVE_AND_SLOW = (
+    '["native", { name = "slow-sync", template = ["/usr/bin/env", "{payload_argv}"], '
+    f'sync = ["sleep", "{SLOW_SYNC_S}"] }}]'
+)
+NATIVE_AND_FAILING = (
+    '["native", { name = "slow-sync", template = ["/bin/false"] }, '
+    '{ name = "extra", template = ["/usr/bin/env", "{payload_argv}"] }]'
+)
+
+
+class Campaigns:
+    """One private lab and the ids of its campaigns, run once for this module."""
+
+    def __init__(self, lab: Lab) -> None:
+        self.lab = lab
+        self.ids: dict[str, str] = {}
+
+    def run(self, key: str, *, n: int = 1, modes: str = '["native"]', cohort: str = "default",
+            scale: float = 0.01, host: str = "lab-test", home: str = "home") -> None:  # fmt: skip
+        """Run one campaign through `sandbench run` and remember its id under ``key``."""
+        plan = self.lab.root / f"{key}.toml"
+        plan.write_text(PLAN.format(name=key, cohort=cohort, scale=scale, n=n, modes=modes))
+        args = self.lab.run_args()
+        args[args.index("--host-name") + 1] = host
+        for flag, name in (("--key", "host.key"), ("--registry", "hosts.json")):
+            args[args.index(flag) + 1] = str(self.lab.root / home / name)
+        self.ids[key] = _campaign_id(self.lab.sandbench("run", str(plan), *args).stdout)
+
+    def compare(self, a: str, b: str, *extra: str, check: int = 0) -> str:
+        """Output of `sandbench compare` (sides named by key, ``key:mode`` for one mode)."""
+        out = self.lab.sandbench("compare", self._side(a), self._side(b), "--data",
+                                 str(self.lab.data), *extra, check=check)  # fmt: skip
+        return out.stdout + out.stderr
+
+    def json(self, a: str, b: str) -> dict[str, Any]:
+        """The comparison as JSON."""
+        doc: dict[str, Any] = json.loads(self.compare(a, b, "--json"))
+        return doc
+
+    def _side(self, side: str) -> str:
+        key, _, mode = side.partition(":")
+        return self.ids[key] + (f":{mode}" if mode else "")
+
+
+@pytest.fixture(scope="module")
+def campaigns(tmp_path_factory: pytest.TempPathFactory) -> Campaigns:
+    """A (N=10, native + slow sync), B (the same plan again), C (N=3, a failing slow-sync)."""
+    c = Campaigns(Lab(tmp_path_factory.mktemp("compare")))
+    c.run("A", n=10, modes=NATIVE_AND_SLOW)
+    c.run("B", n=10, modes=NATIVE_AND_SLOW)
+    c.run("C", n=3, modes=NATIVE_AND_FAILING)
+    return c
+
+
+def _cell(doc: dict[str, Any], mode: str) -> dict[str, Any]:
+    (cell,) = [x for x in doc["cells"] if x["mode_b"] == mode]
+    return cell
+
+
+def test_two_modes_of_one_campaign(campaigns: Campaigns) -> None:
+    """A mode whose sync sleeps 50 ms per round is slower than native, interval above 1."""
+    doc = campaigns.json("A:native", "A:slow-sync")
+    cell = _cell(doc, "slow-sync")
+    assert (cell["mode_a"], cell["n_a"], cell["n_b"]) == ("native", 10, 10)
+    assert cell["median_b"] >= SLOW_SYNC_S > cell["median_a"]
+    assert cell["ratio"] == pytest.approx(cell["median_b"] / cell["median_a"])
+    assert 1 < cell["low"] <= cell["high"] and cell["verdict"] == SLOWER
+    results = campaigns.lab.data / campaigns.ids["A"] / "hosts" / "lab-test" / "results.csv"
+    rows = csv.DictReader(io.StringIO(results.read_text()))
+    medians = {r["mode"]: float(r["task_s_median"]) for r in rows}
+    assert cell["median_a"] == pytest.approx(medians["native"], abs=1e-6)  # as the report says
+    assert cell["median_b"] == pytest.approx(medians["slow-sync"], abs=1e-6)
+    same = _cell(campaigns.json("A:native", "A:native"), "native")
+    assert same["ratio"] == 1.0 and same["low"] < 1 < same["high"] and same["verdict"] == SAME
+
+
+def test_two_campaigns_cell_by_cell(campaigns: Campaigns) -> None:
+    """Two runs of one plan: each cell's medians, ratio, interval and a verdict that fits it."""
+    doc = campaigns.json("A", "B")
+    assert [(x["mode_a"], x["workload"]) for x in doc["cells"]] == [
+        ("native", "stat-tree"), ("slow-sync", "stat-tree")]  # fmt: skip
+    for x in doc["cells"]:
+        assert x["n_a"] == x["n_b"] == 10 and x["low"] <= x["high"]
+        expected = SLOWER if x["low"] > 1 else FASTER if x["high"] < 1 else SAME
+        assert x["verdict"] == expected
+    assert doc["excluded"] == [] and doc["drift"] is None
+    text = campaigns.compare("A", "B")
+    assert "ratio = B / A" in text and "stat-tree" in text and "slow-sync" in text
+
+
+def test_small_n_is_exploratory_and_incomplete_cells_are_listed(campaigns: Campaigns) -> None:
+    """N=3 gives the ratio alone; a cell failed on one side or present on one side is listed."""
+    doc = campaigns.json("A", "C")
+    (cell,) = doc["cells"]
+    assert (cell["mode_a"], cell["n_a"], cell["n_b"]) == ("native", 10, 3)
+    assert cell["low"] is None and cell["high"] is None and cell["verdict"] == EXPLORATORY
+    why = {x["mode_a"]: x["why"] for x in doc["excluded"]}
+    assert why["slow-sync"].startswith(f"{campaigns.ids['C']}: incomplete (env 0 failed (startup/")
+    assert why["extra"] == f"only in {campaigns.ids['C']}"
+    assert any(n.startswith("plan environments: 10 in") for n in doc["notes"])
+    rows = list(csv.DictReader(io.StringIO(campaigns.compare("A", "C", "--csv"))))
+    verdicts = [(r["mode_a"], r["verdict"]) for r in rows]
+    assert verdicts == [("native", EXPLORATORY), ("slow-sync", "not compared"),
+                        ("extra", "not compared")]  # fmt: skip
+    assert rows[1]["ratio"] == "" and rows[1]["median_a_s"] == ""  # listed, never compared
+    text = campaigns.compare("A", "C")
+    assert "exploratory: N < 10 on a side" in text and "not compared: slow-sync" in text
+
+
+def test_refuses_other_cohorts_hosts_keys_and_work(campaigns: Campaigns) -> None:
+    """Another cohort, host, host key or scale: exit 2 with a message that says why."""
+    campaigns.run("night", cohort="night")
+    campaigns.run("other-host", host="lab-other", home="home-other")
+    campaigns.run("other-key", home="home-rekeyed")
+    campaigns.run("other-scale", scale=0.02)
+    refusals = {
+        "night": "is cohort default and",
+        "other-host": "ran on lab-test and",
+        "other-key": "host lab-test signed",
+        "other-scale": "has scale 0.01 and",
+    }
+    for key, message in refusals.items():
+        out = campaigns.compare("A", key, check=2)
+        assert message in out and "sandbench: error:" in out, out
+    assert "never compared" in campaigns.compare("A", "night", check=2)
+    out = campaigns.compare("A", "A:native", check=2)
+    assert "name a mode on both sides" in out
+    assert "has no mode 'vm'" in campaigns.compare("A:native", "A:vm", check=2)
+
+
+def test_html_page_and_campaign_directory(campaigns: Campaigns, tmp_path: Path) -> None:
+    """--html writes a self-contained page with table and figure; a copied directory is a side."""
+    copy = tmp_path / "elsewhere" / campaigns.ids["B"]
+    shutil.copytree(campaigns.lab.data / campaigns.ids["B"], copy)
+    page = tmp_path / "compare.html"
+    a, b = f"{campaigns.ids['A']}:native", f"{copy}:slow-sync"
+    out = campaigns.lab.sandbench("compare", a, b, "--data", str(campaigns.lab.data),
+                                  "--html", str(page))  # fmt: skip
+    assert f"wrote {page}" in out.stdout
+    text = page.read_text()
+    assert "<table>" in text and "<svg" in text and "Ratio B / A: host lab-test" in text
+    assert "<script" not in text and " src=" not in text and "<link" not in text
+    assert ">slower<" in text
+
+
+def test_verdict_rule_and_drift() -> None:
+    """Faster/slower need an interval clear of 1; a machine drift as large withholds them."""
+    assert verdict(3, 10, 0.5, None)[0] == EXPLORATORY
+    assert verdict(10, 10, 0.8, (0.7, 1.05))[0] == SAME
+    assert verdict(10, 10, 0.8, (0.7, 0.9))[0] == FASTER
+    assert verdict(10, 10, 1.3, (1.1, 1.4))[0] == SLOWER
+    word, why = verdict(10, 10, 0.8, (0.7, 0.9), Drift(0.75, "sentinel"))
+    assert word == WITHHELD and "machine itself moved 0.75x" in why and "faster" in why
+    assert verdict(10, 10, 0.8, (0.7, 0.9), Drift(0.95, "sentinel"))[0] == FASTER
+
+
+def test_ratio_interval_resamples_sides_independently() -> None:
+    """Equal samples on both sides give an interval around 1, not the point 1 of shared draws."""
+    x = np.arange(1.0, 13.0)
+    low, high = ratio_interval(x, x, (1, 1))
+    assert low < 1 < high and (low, high) == ratio_interval(x, x, (1, 1))  # seeded
