@@ -92,6 +92,7 @@ class ModeEntry(BaseModel):
     result_root: str | None = None  # command mode: where the oracle looks
     prepare: list[str] | str | None = None  # command mode helpers, each must exit 0
     sync: list[str] | str | None = None
+    collect: list[str] | str | None = None  # command mode: after the launcher, before the oracle
     cleanup: list[str] | str | None = None
     workloads: list[str] | None = None  # subset for this mode (names or groups); None = plan's
     options: dict[str, Any] = Field(default_factory=dict)
@@ -101,7 +102,7 @@ class ModeEntry(BaseModel):
         opts = dict(self.options)
         if self.template is not None:
             opts.update(template=self.template, staged=self.staged)
-            for name in ("root", "result_root", "prepare", "sync", "cleanup"):
+            for name in ("root", "result_root", "prepare", "sync", "collect", "cleanup"):
                 if getattr(self, name) is not None:
                     opts[name] = getattr(self, name)
         return opts
@@ -188,10 +189,20 @@ def _check_names(plan: Plan, source: str) -> None:
                 f"{source}: modes[{i}] '{entry.name}' is not a mode{hint}"
                 " (or give it a template to make it a command mode)"
             )
-        if entry.template is not None and not entry.template:
-            raise PlanError(f"{source}: modes[{i}] '{entry.name}': template must not be empty")
+        if entry.template is not None:
+            _check_templates(entry, f"{source}: modes[{i}] '{entry.name}'")
         if entry.workloads is not None:
             check_workloads(entry.workloads, f"modes[{i}].workloads")
+
+
+def _check_templates(entry: ModeEntry, where: str) -> None:
+    """A command mode's templates are well formed: PlanError naming the first that is not."""
+    from worker.modes.command import options_problems
+
+    problems = options_problems(entry.mode_options())
+    if problems:
+        field, problem = problems[0]
+        raise PlanError(f"{where}: {field} {problem}")
 
 
 def _location(loc: tuple[int | str, ...]) -> str:

@@ -11,10 +11,18 @@ Options (from the plan's mode table or ``--template``):
 * ``staged``: true if the runtime works on a copy (the original workspace must stay intact).
 * ``prepare``, ``sync``, ``cleanup``: optional helper templates (``sync`` runs inside each
   round's clock); each must exit 0.
+* ``collect``: optional helper run once after the launcher exited, before the oracle looks at
+  ``result_root`` (not timed): a runtime that works on a disk image copies its result out here.
+
+``template_problem`` says what is wrong with a template (empty, unbalanced braces, a
+placeholder that does not exist); the plan's validation and ``CommandMode`` both use it. A bare
+``{name}`` always reads as a placeholder (``${name}`` is the shell's): write awk's ``{print}``
+as ``{ print }``.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shlex
@@ -30,6 +38,10 @@ PLACEHOLDERS = (
     "workspace", "payload", "python", "payload_argv", "cpus", "cpu_quota", "memory_bytes", "env_dir"
 )  # fmt: skip
 PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+# Anything that reads as a placeholder: {name}, but not a shell parameter expansion ${name}.
+CANDIDATE = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
+HELPERS = ("prepare", "sync", "collect", "cleanup")
+PATHS = ("root", "result_root")  # templates of one path: the payload's argv makes no sense there
 SHELL = "/bin/sh"
 HELPER_TIMEOUT_S = 600.0
 SHELL_BUILTINS = ("cd", "set", "export", "ulimit", "umask", ".", "trap", "{", "(")
@@ -47,6 +59,9 @@ class CommandMode:
                 f"command mode '{name}' needs a 'template' (a list of argv elements or a shell "
                 "string with placeholders such as {payload_argv})"
             )
+        problems = options_problems(options)
+        if problems:
+            raise ModeUnavailable(f"command mode '{name}': {' '.join(problems[0])}")
         self.name = name
         self.options = options
         self.template: Template = template
@@ -74,7 +89,10 @@ class CommandMode:
         self._helper(env, "sync")
 
     def result_root(self, env: EnvContext) -> Path:
-        """``result_root`` (default: the payload's root)."""
+        """``result_root`` (default: the payload's root), after the ``collect`` helper, if any."""
+        if not env.state.get("collected"):
+            env.state["collected"] = True
+            self._helper(env, "collect")
         template = str(self.options.get("result_root") or self._root_template())
         return Path(_fill(template, self._values(env), shell=False))
 
@@ -107,6 +125,64 @@ class CommandMode:
         done = run_owned(argv, HELPER_TIMEOUT_S)
         if done.returncode != 0:
             raise OSError(f"{which} helper exited {done.returncode}: {done.stderr.strip()[-500:]}")
+
+
+def template_problem(template: object, allowed: tuple[str, ...] = PLACEHOLDERS) -> str | None:
+    """What is wrong with a command template, in one line; None if nothing."""
+    if isinstance(template, str):
+        texts = [template]
+    elif isinstance(template, list) and all(isinstance(e, str) for e in template):
+        texts = template
+    else:
+        return "must be a shell string or a list of strings"
+    if not texts or any(not text.strip() for text in texts):
+        return "is empty" if len(texts) < 2 else "has an empty element"
+    for text in texts:
+        problem = _brace_problem(text) or _placeholder_problem(text, allowed)
+        if problem:
+            return problem
+    return None
+
+
+def options_problems(options: dict[str, Any]) -> list[tuple[str, str]]:
+    """(option, problem) for every template option of a command mode that is wrong."""
+    found = []
+    fields: list[tuple[str, tuple[str, ...]]] = [("template", PLACEHOLDERS)]
+    fields += [(name, PLACEHOLDERS) for name in HELPERS]
+    fields += [(name, tuple(p for p in PLACEHOLDERS if p != "payload_argv")) for name in PATHS]
+    for name, allowed in fields:
+        if options.get(name) is not None:
+            problem = template_problem(options[name], allowed)
+            if problem:
+                found.append((name, problem))
+    return found
+
+
+def _brace_problem(text: str) -> str | None:
+    """Unbalanced braces in ``text``, named by column; None if they balance."""
+    opened: list[int] = []
+    for column, char in enumerate(text, start=1):
+        if char == "{":
+            opened.append(column)
+        elif char == "}" and not opened:
+            return f"has unbalanced braces: '}}' at column {column} of {text!r} closes nothing"
+        elif char == "}":
+            opened.pop()
+    if opened:
+        return f"has unbalanced braces: '{{' at column {opened[-1]} of {text!r} is never closed"
+    return None
+
+
+def _placeholder_problem(text: str, allowed: tuple[str, ...]) -> str | None:
+    """The first ``{name}`` in ``text`` that is not an allowed placeholder, with the fix."""
+    for match in CANDIDATE.finditer(text):
+        name = match.group(1)
+        if name not in allowed:
+            near = difflib.get_close_matches(name, allowed, n=1)
+            hint = f"did you mean {{{near[0]}}}? " if near else ""
+            known = " ".join(f"{{{p}}}" for p in allowed)
+            return f"has an unknown placeholder {{{name}}} ({hint}placeholders: {known})"
+    return None
 
 
 def expand(template: Template, values: dict[str, Any]) -> list[str]:
