@@ -308,7 +308,7 @@ def _order(env: pd.DataFrame, mode_order: list[str], workload_order: list[str]) 
 
     def rank(values: pd.Series, order: list[str]) -> pd.Series:
         known = {v: i for i, v in enumerate(order)}
-        return values.map(lambda v: known.get(v, len(known)))
+        return values.map(known).fillna(len(known)).astype(int)
 
     env = env.assign(_m=rank(env["mode"], mode_order), _w=rank(env["workload"], workload_order))
     env = env.sort_values(

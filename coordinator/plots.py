@@ -128,9 +128,8 @@ class Bar:
         c.rect(x, top, self.width - 1, base - top, svg.color(k), tip=tip)
         if pts is None:
             return
-        offsets = [svg.spread(i, len(pts), self.width * 0.6) for i in range(len(pts))]
-        dots = [(mid + dx, self.scale(v * self.factor)) for dx, v in zip(offsets, pts, strict=True)]
-        c.dots(dots, POINT_COLOR, 5.0 if len(pts) <= MANY_POINTS else 3.0, 0.65, ENV_CLASS)
+        xs, ys = mid + svg.spread(len(pts), self.width * 0.6), self.scale.many(pts * self.factor)
+        c.dots(xs, ys, POINT_COLOR, 5.0 if len(pts) <= MANY_POINTS else 3.0, 0.65, ENV_CLASS)
 
 
 def startup_range(t: HostTables, stem: Path | None) -> Plot | None:
@@ -165,8 +164,8 @@ def startup_range(t: HostTables, stem: Path | None) -> Plot | None:
         k = all_modes.index(mode) if mode in all_modes else i
         c.line(scale(lows[i]), y, scale(highs[i]), y, svg.color(k), 2)
         vals = ready.get(mode, np.array([]))
-        dots = [(scale(v), y + svg.spread(j, len(vals), row_h * 0.6)) for j, v in enumerate(vals)]
-        c.dots(dots, POINT_COLOR, 3.0, 0.5, ENV_CLASS)
+        ys = y + svg.spread(len(vals), row_h * 0.6)
+        c.dots(scale.many(vals), ys, POINT_COLOR, 3.0, 0.5, ENV_CLASS)
         c.rect(scale(meds[i]) - 1.5, y - 9, 3, 18, "#000", tip=f"{mode}: median {meds[i]:.4g} ms")
     caption = (
         "Ready in ms from the marker to the payload's ready line, over passed "
@@ -269,7 +268,7 @@ def ratio_plot(
         c.text(left - 8, y + 4, label, anchor="end")
         if low is not None and high is not None:
             c.line(scale(low), y, scale(high), y, fill, 2)
-        c.dots([(scale(ratio), y)], fill, 8.0, 1.0)
+        c.dots([scale(ratio)], [y], fill, 8.0, 1.0)
         c.text(WIDTH - 16, y - 5, word, size=9, anchor="end", fill=fill)
     caption = (
         "Ratio of medians B / A per cell: point the ratio, line its bootstrap 95% interval "

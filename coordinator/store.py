@@ -343,14 +343,13 @@ class Store:
     def record_dicts(self, campaign_id: str, host: str | None = None) -> list[dict[str, Any]]:
         """Every stored record as its JSON dict, unvalidated (fast path for the statistics)."""
         out = []
-        for raw in self.raw_lines(campaign_id, host):
-            try:
-                out.append(from_json(raw.text))
-            except ValueError as exc:
-                raise StoreError(
-                    f"{self.records_path(campaign_id, raw.host)} line {raw.lineno}: not JSON; "
-                    f"run 'sandbench verify {campaign_id}'"
-                ) from exc
+        for h in [host] if host else self._record_hosts(campaign_id):
+            path = self.records_path(campaign_id, h)
+            if not path.exists():
+                continue
+            for n, line in enumerate(path.read_bytes().split(b"\n"), start=1):
+                if line.strip():
+                    out.append(_parse_line(line, path, n, campaign_id))
         return out
 
     def records(self, campaign_id: str, host: str | None = None) -> list[EnvironmentRecord]:
@@ -365,6 +364,20 @@ class Store:
                     f"record ({exc.error_count()} errors); run 'sandbench verify {campaign_id}'"
                 ) from exc
         return out
+
+
+def _parse_line(line: bytes, path: Path, lineno: int, campaign_id: str) -> Any:
+    """One record line as JSON; bytes that are not UTF-8 are replaced, as ``raw_lines`` does."""
+    try:
+        return from_json(line)
+    except ValueError:
+        pass
+    try:
+        return from_json(line.decode("utf-8", errors="replace"))
+    except ValueError as exc:
+        raise StoreError(
+            f"{path} line {lineno}: not JSON; run 'sandbench verify {campaign_id}'"
+        ) from exc
 
 
 def _line_key(line: bytes) -> str:

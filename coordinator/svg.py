@@ -11,6 +11,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from coordinator.units import fmt
 
 FONT = "system-ui,'DejaVu Sans',sans-serif"
@@ -121,16 +123,18 @@ class Canvas:
 
     def dots(
         self,
-        points: Sequence[tuple[float, float]],
+        xs: Sequence[float] | np.ndarray,
+        ys: Sequence[float] | np.ndarray,
         fill: str,
         size: float = 4.0,
         opacity: float = 0.8,
         cls: str = "",
     ) -> None:
-        """Round dots of diameter ``size``: one path of zero-length strokes with round caps."""
-        if not points:
+        """Round dots of diameter ``size`` at (xs, ys): one path of zero-length round strokes."""
+        if len(xs) == 0:
             return
-        d = "".join(f"M{num(x)} {num(y)}h0" for x, y in points)
+        xy = np.round(np.column_stack([xs, ys]), 1).tolist()  # one decimal, as ``num`` writes
+        d = "".join(f"M{x:g} {y:g}h0" for x, y in xy)
         attr = f" class='{cls}'" if cls else ""
         self.parts.append(
             f"<path{attr} d='{d}' stroke='{fill}' stroke-width='{size}' "
@@ -160,12 +164,17 @@ class Scale:
 
     def __call__(self, v: float) -> float:
         """Pixel position of ``v`` (clamped to the domain)."""
-        v = min(max(v, self.lo), self.hi)
+        return float(self.many(np.array([v], dtype=float))[0])
+
+    def many(self, values: np.ndarray) -> np.ndarray:
+        """Pixel positions of ``values`` (clamped to the domain), vectorized."""
+        v = np.clip(np.asarray(values, dtype=float), self.lo, self.hi)
         if self.log:
-            t = math.log10(v / self.lo) / math.log10(self.hi / self.lo)
+            t = np.log10(v / self.lo) / math.log10(self.hi / self.lo)
         else:
             t = (v - self.lo) / (self.hi - self.lo)
-        return self.px_lo + t * (self.px_hi - self.px_lo)
+        out: np.ndarray = self.px_lo + t * (self.px_hi - self.px_lo)
+        return out
 
     def ticks(self) -> list[float]:
         """Tick values: 1-2-5 steps (linear) or decades, with 2 and 5 when few (log)."""
@@ -246,14 +255,15 @@ def legend(c: Canvas, keys: Sequence[tuple[str, str]], x: float, y: float, right
         if fill:
             c.rect(cx, y - 9, 10, 10, fill)
         else:
-            c.dots([(cx + 5, y - 4)], "#111", 4.0)
+            c.dots([cx + 5], [y - 4], "#111", 4.0)
         c.text(cx + 14, y, name, size=11)
         cx += w
     return y + 16
 
 
-def spread(i: int, n: int, width: float) -> float:
-    """Offset of the ``i``-th of ``n`` points across ``width`` (golden-ratio sequence, no RNG)."""
+def spread(n: int, width: float) -> np.ndarray:
+    """Offsets of ``n`` points across ``width`` (golden-ratio sequence: even, no RNG)."""
     if n <= 1:
-        return 0.0
-    return ((i * 0.6180339887) % 1.0 - 0.5) * width
+        return np.zeros(n)
+    out: np.ndarray = ((np.arange(n) * 0.6180339887) % 1.0 - 0.5) * width
+    return out
