@@ -23,6 +23,11 @@ from worker.quota import (
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory", "pids", "freezer")
 REQUIRED = ("cpu", "cpuacct", "cpuset", "memory", "pids")
 FREEZE_WAIT_S = 2.0
+# Limit files read back for the record: (controller, file).
+LIMIT_FILES = (
+    ("cpu", "cpu.cfs_quota_us"), ("cpu", "cpu.cfs_period_us"), ("cpuset", "cpuset.cpus"),
+    ("memory", "memory.limit_in_bytes"), ("memory", "memory.memsw.limit_in_bytes"),
+)  # fmt: skip
 
 
 class CgroupV1(Cgroup):
@@ -136,6 +141,15 @@ class CgroupV1(Cgroup):
         if "oom_kill" in fields:
             return int(fields["oom_kill"]) > 0
         return int(fields.get("under_oom", "0")) > 0
+
+    def limits(self) -> dict[str, str]:
+        """The limits as the kernel reports them, read back from each hierarchy's files."""
+        found = {}
+        for controller, name in LIMIT_FILES:
+            path = self.dirs[controller] / name
+            if path.exists():
+                found[name] = path.read_text().strip()
+        return found
 
     def remove(self) -> None:
         """Kill leftovers and remove the directory from every hierarchy."""

@@ -1,10 +1,12 @@
 """The environment's cgroup: its quota, its accounting and its kill, for cgroup v1 and v2.
 
 ``Cgroup`` is the one abstraction; ``worker.cgroupsv1.CgroupV1`` and
-``worker.cgroupsv2.CgroupV2`` implement it. Every environment gets its own cgroup
-``/sandbench/<key>`` (the same relative path in every v1 hierarchy, so docker's
-``--cgroup-parent`` can use ``Cgroup.path`` as is). The launcher joins it between fork and
-exec (``preexec``), so its whole process tree is limited, measured and killed together.
+``worker.cgroupsv2.CgroupV2`` implement it. Every environment gets its own cgroup: on v1
+``/sandbench/<key>`` (the same relative path in every hierarchy, so docker's
+``--cgroup-parent`` can use ``Cgroup.path`` as is); on v2 ``/sandbench/<key>`` from a root
+shell, or ``<service>/envs/<key>`` under a delegated systemd service, with the launcher in a
+leaf below it (``worker.cgroupsv2``). The launcher joins between fork and exec (``preexec``),
+so its whole process tree is limited, measured and killed together.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Cgroup(ABC):
     """One environment's cgroup: limits from a ``Quota``, accounting, kill and removal."""
 
     version: int
+    placement = "root"  # v2 under a delegated service: "delegated"
 
     def __init__(self, path: str) -> None:
         self.path = path  # relative to the hierarchy root, e.g. "/sandbench/c1_local_native_0"
@@ -70,8 +73,17 @@ class Cgroup(ABC):
         """Whether the kernel's OOM killer killed a process of this cgroup."""
 
     @abstractmethod
+    def limits(self) -> dict[str, str]:
+        """The limits as the kernel reports them, read back from the cgroup's files."""
+
+    @abstractmethod
     def remove(self) -> None:
         """Kill what is left and remove the cgroup directories; safe to call twice."""
+
+    def facts(self) -> dict[str, object]:
+        """Provenance of the cgroup: version, path, placement and the limits read back."""
+        return {"version": self.version, "path": self.path, "placement": self.placement,
+                "limits": self.limits()}  # fmt: skip
 
     def join(self, pid: int) -> None:
         """Move process ``pid`` (and, in v1, only that process) into the cgroup."""
@@ -150,20 +162,19 @@ def detect() -> int:
 
 
 def new_cgroup(name: str, version: int | None = None) -> Cgroup:
-    """A (not yet created) cgroup ``/sandbench/<name>`` of the detected or given version."""
+    """A (not yet created) cgroup of environment ``name`` for the detected or given version."""
     version = version or detect()
-    path = f"/{PARENT_NAME}/{name}"
     if version == 1:
         from worker.cgroupsv1 import CgroupV1
 
-        return CgroupV1(path)
+        return CgroupV1(f"/{PARENT_NAME}/{name}")
     from worker.cgroupsv2 import CgroupV2
 
-    return CgroupV2(path)
+    return CgroupV2.for_environment(name)
 
 
 def create(name: str, quota: Quota | None, version: int | None = None) -> Cgroup:
-    """Create the cgroup ``/sandbench/<name>`` with ``quota`` applied."""
+    """Create the cgroup of environment ``name`` with ``quota`` applied."""
     cgroup = new_cgroup(name, version)
     cgroup.create(quota)
     return cgroup

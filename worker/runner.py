@@ -165,6 +165,7 @@ class _Run:
         if overhead := cgroup_overhead(self.mode):  # room for the mode's client beside the quota
             quota = quota.model_copy(update={"memory_bytes": quota.memory_bytes + overhead})
         self.cgroup = cgroups.create(name, quota)
+        self.fields["provenance"]["cgroup"] = self.cgroup.facts()  # the quota as applied
         self.env = EnvContext(spec, workspace, env_dir, self.cgroup.path)
         try:
             self.prepared = True
