@@ -16,6 +16,7 @@ from worker.vm import initramfs, kernel
 DEFAULT_HOME = Path("/var/lib/sandbench")
 MANIFEST = "guest.json"
 INIT_SHA_KEY = "init_sha256"
+V2HOST_SHA_KEY = "v2host_init_sha256"
 
 
 def vm_home() -> Path:
@@ -35,6 +36,8 @@ class Guest:
     initrd: Path
     modules: tuple[str, ...]
     init_sha256: str
+    v2host_initrd: Path | None = None  # the cgroup v2 lab host's initramfs (worker.vm.v2host)
+    v2host_init_sha256: str = ""
 
     def facts(self) -> dict[str, str]:
         """Provenance facts of the guest."""
@@ -67,6 +70,8 @@ def load_guest(home: Path | None = None) -> Guest | None:
         initrd=home / data["initrd"],
         modules=tuple(data["modules"]),
         init_sha256=data.get(INIT_SHA_KEY, ""),
+        v2host_initrd=home / data["v2host_initrd"] if data.get("v2host_initrd") else None,
+        v2host_init_sha256=data.get(V2HOST_SHA_KEY, ""),
     )
     return guest
 
@@ -87,38 +92,56 @@ def guest_problem(guest: Guest | None) -> str | None:
     return None
 
 
+def v2host_problem(guest: Guest | None) -> str | None:
+    """Why ``guest`` cannot boot the cgroup v2 lab host (its own initramfs), or None."""
+    problem = guest_problem(guest)
+    if problem or guest is None:
+        return problem
+    if guest.v2host_initrd is None or not guest.v2host_initrd.is_file():
+        return f"no cgroup v2 host initramfs in {guest.home}: run `sandbench vm prepare`"
+    if guest.v2host_init_sha256 != sha256_file(initramfs.V2HOST_INIT_SCRIPT):
+        return "the v2 host initramfs was built from an older init: run `sandbench vm prepare`"
+    return None
+
+
 def prepare_guest(home: Path | None = None, force: bool = False) -> Guest:
     """Fetch the kernel package and build the initramfs into ``home`` (idempotent)."""
     home = home or vm_home()
     current = load_guest(home)
-    if current is not None and not force and guest_problem(current) is None:
+    if current is not None and not force and v2host_problem(current) is None:
         return current
     home.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kernel-", dir=home) as tmp:
         work = Path(tmp)
         tree = kernel.unpack_kernel(kernel.download_kernel(work / "deb"), work / "tree")
         index = kernel.module_index(tree.modules_dir)
-        order = kernel.load_order(
-            kernel.GUEST_MODULES, index, kernel.builtin_modules(tree.modules_dir)
-        )
-        kernel.copy_modules(order, index, work / "modules")
+        builtin = kernel.builtin_modules(tree.modules_dir)
+        order = kernel.load_order(kernel.GUEST_MODULES, index, builtin)
+        v2_order = kernel.load_order(kernel.GUEST_MODULES + kernel.V2HOST_MODULES, index, builtin)
+        kernel.copy_modules(v2_order, index, work / "modules")  # a superset of ``order``
         vmlinuz = kernel.copy_vmlinuz(tree, home / f"vmlinuz-{tree.version}")
         initrd = initramfs.build_initramfs(
             work / "modules", order, home / f"initrd-{tree.version}.gz"
         )
+        v2_initrd = initramfs.build_initramfs(
+            work / "modules", v2_order, home / f"initrd-v2host-{tree.version}.gz",
+            init=initramfs.V2HOST_INIT_SCRIPT,
+        )  # fmt: skip
     manifest = {
         "kernel_version": tree.version,
         "vmlinuz": vmlinuz.name,
         "initrd": initrd.name,
         "modules": order,
         INIT_SHA_KEY: sha256_file(initramfs.INIT_SCRIPT),
+        "v2host_initrd": v2_initrd.name,
+        V2HOST_SHA_KEY: sha256_file(initramfs.V2HOST_INIT_SCRIPT),
     }
     (home / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     for stale in [*home.glob("vmlinuz-*"), *home.glob("initrd-*")]:
-        if stale not in (vmlinuz, initrd):
+        if stale not in (vmlinuz, initrd, v2_initrd):
             stale.unlink()
     guest = load_guest(home)
-    problem = guest_problem(guest)
+    problem = v2host_problem(guest)
     if guest is None or problem:
         raise ModeUnavailable(f"guest preparation in {home} left no usable guest: {problem}")
     return guest

@@ -12,6 +12,7 @@ from pathlib import Path
 from tasks.errors import ModeUnavailable
 
 INIT_SCRIPT = Path(__file__).with_name("init.sh")
+V2HOST_INIT_SCRIPT = Path(__file__).with_name("v2host_init.sh")  # the cgroup v2 lab host's init
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 DIRS = ("bin", "dev", "proc", "sys", "newroot", "lib/modules", "tmp")
 
@@ -29,13 +30,13 @@ def find_static_busybox() -> Path:
     raise InitramfsError("no static busybox: install busybox-static (ops/setup.sh)")
 
 
-def _populate(root: Path, modules: Path, order: list[str]) -> None:
-    """Lay out the initramfs tree under ``root``."""
+def _populate(root: Path, modules: Path, order: list[str], init: Path) -> None:
+    """Lay out the initramfs tree under ``root`` with ``init`` as its /init."""
     for name in DIRS:
         (root / name).mkdir(parents=True, exist_ok=True)
     shutil.copy2(find_static_busybox(), root / "bin" / "busybox")
     (root / "bin" / "sh").symlink_to("busybox")
-    shutil.copy2(INIT_SCRIPT, root / "init")
+    shutil.copy2(init, root / "init")
     (root / "init").chmod(0o755)
     for name in order:
         shutil.copy2(modules / f"{name}.ko", root / "lib" / "modules" / f"{name}.ko")
@@ -59,11 +60,11 @@ def _cpio(root: Path) -> bytes:
     return proc.stdout
 
 
-def build_initramfs(modules: Path, order: list[str], out: Path) -> Path:
-    """Build ``out`` (gzip'd cpio) from busybox, the modules of ``order`` and the init script."""
+def build_initramfs(modules: Path, order: list[str], out: Path, init: Path = INIT_SCRIPT) -> Path:
+    """Build ``out`` (gzip'd cpio) from busybox, the modules of ``order`` and ``init``."""
     with tempfile.TemporaryDirectory(prefix="sandbench-initramfs-") as tmp:
         root = Path(tmp)
-        _populate(root, modules, order)
+        _populate(root, modules, order, init)
         archive = _cpio(root)
     partial = out.with_suffix(".partial")
     with open(partial, "wb") as fh:

@@ -71,12 +71,14 @@ class GuestConfig:
     console_log: Path
     machine: str = "q35"  # or "microvm"
     accel: str = "tcg"  # or "kvm"
+    tcg_cpu: str | None = None  # TCG's CPU model (default qemu64; "max" has SSE4, AVX for numpy)
     vcpus: int = 2
     memory_mib: int = 512
     workspace_9p: Path | None = None  # exported read-write as mount tag "ws"
     disk_image: Path | None = None  # raw ext4 image attached as the first virtio disk
     ctl_pipe: Path | None = None  # fifo pair base name (<path>.in/.out) for the sync agent
     extra_kernel_args: list[str] = field(default_factory=list)
+    extra_args: list[str] = field(default_factory=list)  # more devices (the v2 host's shares)
 
 
 def _dev(config: GuestConfig, kind: str) -> str:
@@ -84,11 +86,12 @@ def _dev(config: GuestConfig, kind: str) -> str:
     return f"{kind}-{'device' if config.machine == 'microvm' else 'pci'}"
 
 
-def _accel_args(accel: str) -> list[str]:
+def _accel_args(config: GuestConfig) -> list[str]:
     """Accelerator arguments: KVM with the host CPU, or multi-threaded TCG."""
-    if accel == "kvm":
+    if config.accel == "kvm":
         return ["-accel", "kvm", "-cpu", "host"]
-    return ["-accel", "tcg,thread=multi"]
+    cpu = ["-cpu", config.tcg_cpu] if config.tcg_cpu else []
+    return ["-accel", "tcg,thread=multi", *cpu]
 
 
 def _machine_args(config: GuestConfig) -> list[str]:
@@ -161,12 +164,13 @@ def qemu_argv(config: GuestConfig) -> list[str]:
     return [
         qemu_binary() or QEMU,
         "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-        *_accel_args(config.accel),
+        *_accel_args(config),
         *_machine_args(config),
         "-kernel", str(config.kernel), "-initrd", str(config.initrd), "-append", append,
         "-serial", f"file:{config.console_log}",
         *_fs_args(config),
         *_port_args(config),
+        *config.extra_args,
     ]  # fmt: skip
 
 
