@@ -105,8 +105,16 @@ def host_facts(work_root: Path) -> dict[str, Any]:
         "work_root": str(work_root),
         "work_root_fs": filesystem_of(work_root),
         "cgroup": cgroup_version(),
+        "accelerator": accelerator(),
         "tools": tool_versions(),
     }
+
+
+def accelerator() -> dict[str, object]:
+    """The VM accelerator verdict cached by the probe, with KVM's reason on a fallback."""
+    from worker.vm import accel, guest
+
+    return accel.host_facts(guest.load_guest())
 
 
 def _os_release() -> str:

@@ -45,7 +45,7 @@ def status_command(as_json: bool) -> None:
         "qemu": qemu.qemu_version() or None,
         "problem": guest.guest_problem(prepared),
         "guest": guest.guest_dict(prepared) if prepared else None,
-        "accel": _cached_accel(prepared),
+        **_cached_accel(prepared),
     }
     if as_json:
         click.echo(json.dumps(status, indent=2))
@@ -54,15 +54,16 @@ def status_command(as_json: bool) -> None:
         click.echo(f"{key}: {value if not isinstance(value, dict) else json.dumps(value)}")
 
 
-def _cached_accel(prepared: guest.Guest | None) -> str | None:
-    """The cached accelerator verdict, without probing."""
-    if prepared is None:
-        return None
-    try:
-        data = json.loads((prepared.home / accel.CACHE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return str(data.get("accel"))
+def _cached_accel(prepared: guest.Guest | None) -> dict[str, object]:
+    """The cached accelerator verdict and, for a fallback, KVM's reason (never probes)."""
+    verdict = accel.cached_verdict(prepared) if prepared is not None else None
+    if verdict is None:
+        return {"accel": None, "accel_probe": "not probed yet (sandbench vm prepare)"}
+    return {
+        "accel": verdict.get("accel"),
+        "accel_probe": accel.probe_summary(verdict),
+        "kvm_unusable": accel.fallback_reason(verdict),
+    }
 
 
 def register(main: click.Group) -> None:

@@ -11,8 +11,9 @@
 The launcher is QEMU under a small exit wrapper (``worker.vm.qemu``): the payload's channel is a
 virtio-serial port on QEMU's stdio, the kernel console goes to ``console.log`` in the env dir,
 and the payload's exit status becomes the launcher's. Mode options: ``accel`` ("kvm" or "tcg")
-overrides the detected accelerator; ``guest_hold`` (tests) makes the init never start the
-payload.
+overrides the detected accelerator (forcing "kvm" where the KVM probe boot fails is a preflight
+failure with the probe's reason, decided within the probe's bound); ``guest_hold`` (tests)
+makes the init never start the payload.
 """
 
 from __future__ import annotations
@@ -50,6 +51,17 @@ class VmMode:
     workspace_kind: WorkspaceKind = "9p-mmap"
     guest_sync = False  # does the round's sync ask the guest to sync(2)?
 
+    def __init__(self, forced_accel: str | None = None) -> None:
+        if forced_accel not in (None, "kvm", "tcg"):
+            raise ModeUnavailable(f"{self.name}: accel {forced_accel!r} is not kvm or tcg")
+        self.forced_accel = forced_accel
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> VmMode:
+        """The mode with the plan's ``accel`` option, which its preflight then honours."""
+        forced = options.get("accel")
+        return cls(str(forced) if forced else None)
+
     # -- preflight ------------------------------------------------------------------------
     def preflight(self, host: HostInfo) -> Preflight:
         """QEMU, the machine type, 9p, the prepared guest and (disk modes) e2fsprogs; facts."""
@@ -58,6 +70,9 @@ class VmMode:
             return Preflight(False, problem, facts={"qemu": qemu.qemu_version()})
         prepared = guest.load_guest()
         assert prepared is not None
+        if self.forced_accel == "kvm" and (kvm := accel.kvm_problem(prepared)):
+            kvm_facts = {"qemu": qemu.qemu_version(), "accel": None, "kvm_unusable": kvm}
+            return Preflight(False, forced_kvm_reason(kvm), kvm_facts)  # bounded by the probe
         verdict = accel.detect_accel(prepared)
         facts: dict[str, Any] = {
             "qemu": qemu.qemu_version(),
@@ -67,6 +82,8 @@ class VmMode:
             "workspace": self.workspace_kind,
             **prepared.facts(),
         }
+        if fallback := accel.fallback_reason(verdict):
+            facts["kvm_unusable"] = fallback
         if verdict.get("accel") is None:
             return Preflight(False, "the guest reached Ready with neither KVM nor TCG", facts)
         return Preflight(True, facts=facts)
@@ -97,6 +114,9 @@ class VmMode:
         if problem or prepared is None:
             raise ModeUnavailable(problem or "no prepared guest")
         options = env.spec.mode_options
+        forced = options.get("accel")
+        if forced == "kvm" and (problem := accel.kvm_problem(prepared)):
+            raise ModeUnavailable(forced_kvm_reason(problem))  # never a hang until the limit
         job = Job(
             workspace=str(env.workspace),
             kind=self.workspace_kind,
@@ -110,7 +130,7 @@ class VmMode:
             job=job.write(env.env_dir / JOB_FILE),
             console_log=env.env_dir / CONSOLE_LOG,
             machine=self.machine,
-            accel=str(options.get("accel") or accel.detect_accel(prepared).get("accel") or "tcg"),
+            accel=str(forced or accel.detect_accel(prepared).get("accel") or "tcg"),
             vcpus=env.spec.vm.vcpus,
             memory_mib=env.spec.vm.memory_mib,
             ctl_pipe=self._make_ctl(env) if self.guest_sync else None,
@@ -152,6 +172,11 @@ class VmMode:
         for name in (JOB_FILE, f"{CTL_BASE}.in", f"{CTL_BASE}.out", DISK_IMAGE):
             (env.env_dir / name).unlink(missing_ok=True)
         shutil.rmtree(env.env_dir / RESULT_DIR, ignore_errors=True)
+
+
+def forced_kvm_reason(problem: str) -> str:
+    """The preflight reason when the plan forces KVM on a host where it does not work."""
+    return f'accel = "kvm" is forced but KVM is unusable here: {problem}; drop the option for TCG'
 
 
 class VmWritebackMode(VmMode):

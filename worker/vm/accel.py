@@ -2,6 +2,8 @@
 
 The verdict is cached per host (keyed by host kernel, QEMU version, guest kernel and whether
 /dev/kvm exists) in the prepared guest's directory, so only the first preflight pays the probe.
+A probe that fails says why: QEMU's own error when it exits (e.g. an MSR the host's KVM refuses),
+or the console's tail when the guest hangs until the bound.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ from worker.vm.guest import Guest
 from worker.vm.job import Job
 
 CACHE_FILE = "accel.json"
+CACHE_FORMAT = 2  # 2: probes carry QEMU's stderr as the reason
+STDERR_TAIL_CHARS = 400
+EXIT_WAIT_S = 2.0  # after the probe's output ends, how long QEMU may take to exit
+NO_KVM_DEVICE = (
+    "no usable /dev/kvm: enable VT-x/AMD-V in the firmware, load kvm_intel or kvm_amd "
+    "(modprobe), and run as a user who may open /dev/kvm"
+)
 KVM_PROBE_S = 20.0  # KVM boots in ~1 s; TCG here takes ~7-10 s, so a hung KVM guest shows quickly
 TCG_PROBE_S = 180.0  # generous: the machine is shared
 READY_PREFIX = b'{"op": "ready"'
@@ -41,6 +50,7 @@ class ProbeResult:
 def _cache_key(guest: Guest) -> dict[str, object]:
     """What the verdict depends on; a change of any of these re-runs the probe."""
     return {
+        "format": CACHE_FORMAT,
         "host_kernel": platform.release(),
         "qemu": qemu.qemu_version(),
         "guest_kernel": guest.kernel_version,
@@ -67,6 +77,14 @@ def _read_ready(proc: subprocess.Popen[bytes], bound_s: float) -> bool:
     return False
 
 
+def _exit_status(proc: subprocess.Popen[bytes]) -> int | None:
+    """QEMU's exit status if it has exited (its output ended), None if it still runs (hung)."""
+    try:
+        return proc.wait(timeout=EXIT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     """Kill the probe's whole process group and reap it."""
     with contextlib.suppress(ProcessLookupError):
@@ -89,42 +107,97 @@ def probe_boot(guest: Guest, accel: str, bound_s: float, machine: str = "q35") -
         start = time.monotonic()
         # stdin stays an open pipe: on EOF QEMU's stdio chardev counts the host as gone and
         # drops what the guest writes to the port.
-        proc = subprocess.Popen(
-            qemu.launcher_argv(config),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )  # fmt: skip
-        try:
-            ready = _read_ready(proc, bound_s)
-        finally:
-            _stop(proc)
-        seconds = time.monotonic() - start
-        log = (work / "console.log").read_text(errors="replace")[-400:]
-    detail = "ready" if ready else f"no ready line within {bound_s:.0f} s; console tail: {log!r}"
-    return ProbeResult(accel=accel, ready=ready, seconds=round(seconds, 2), detail=detail)
+        with open(work / "qemu.stderr", "wb") as stderr:
+            proc = subprocess.Popen(
+                qemu.qemu_argv(config),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                start_new_session=True,
+            )  # fmt: skip
+            try:
+                ready = _read_ready(proc, bound_s)
+                exited = None if ready else _exit_status(proc)
+            finally:
+                _stop(proc)
+        seconds = round(time.monotonic() - start, 2)
+        detail = "ready" if ready else _failure(work, exited, seconds, bound_s)
+    return ProbeResult(accel=accel, ready=ready, seconds=seconds, detail=detail)
+
+
+def _failure(work: Path, exited: int | None, seconds: float, bound_s: float) -> str:
+    """Why a probe boot got no ready line: QEMU's exit and error, or the hung console's tail."""
+    lines = (work / "qemu.stderr").read_text(errors="replace").split("\n")
+    err = " | ".join(line.strip() for line in lines if line.strip())[-STDERR_TAIL_CHARS:]
+    if exited is not None:
+        how = f"was killed by {signal.Signals(-exited).name}" if exited < 0 else f"exited {exited}"
+        return f"QEMU {how} after {seconds} s: {err or '(no message)'}"
+    log = (work / "console.log").read_text(errors="replace").strip()[-STDERR_TAIL_CHARS:]
+    tail = f"; QEMU said: {err}" if err else ""
+    return f"no ready line within {bound_s:.0f} s (guest hung); console tail: {log!r}{tail}"
+
+
+def cached_verdict(guest: Guest) -> dict[str, object] | None:
+    """The cached verdict if it is still valid for this host, without probing."""
+    try:
+        data: dict[str, object] = json.loads((guest.home / CACHE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if data.get("key") == _cache_key(guest) else None
 
 
 def detect_accel(guest: Guest, refresh: bool = False) -> dict[str, object]:
     """The cached accelerator verdict for this host, probing (KVM first, then TCG) if needed."""
-    cache = guest.home / CACHE_FILE
-    key = _cache_key(guest)
-    if not refresh and cache.exists():
-        try:
-            data: dict[str, object] = json.loads(cache.read_text())
-            if data.get("key") == key:
-                return data
-        except ValueError:
-            pass
+    cached = None if refresh else cached_verdict(guest)
+    if cached is not None:
+        return cached
     verdict = _probe_all(guest)
-    verdict["key"] = key
-    cache.write_text(json.dumps(verdict, indent=2) + "\n")
+    verdict["key"] = _cache_key(guest)
+    (guest.home / CACHE_FILE).write_text(json.dumps(verdict, indent=2) + "\n")
     return verdict
+
+
+def kvm_problem(guest: Guest) -> str | None:
+    """Why KVM cannot run the guest here (the probe's reason), or None if its probe got Ready.
+
+    Uses the cached verdict; without one, only the KVM probe runs (bounded by KVM_PROBE_S).
+    """
+    verdict = cached_verdict(guest)
+    if verdict is not None:
+        kvm = next((p for p in _probes(verdict) if p["accel"] == "kvm"), None)
+        if kvm is None:
+            return NO_KVM_DEVICE
+        return None if kvm["ready"] else f"the KVM probe boot failed: {kvm['detail']}"
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return NO_KVM_DEVICE
+    probe = probe_boot(guest, "kvm", KVM_PROBE_S)
+    return None if probe.ready else f"the KVM probe boot failed: {probe.detail}"
+
+
+def fallback_reason(verdict: dict[str, object]) -> str | None:
+    """Why the verdict is not KVM (for provenance and ``vm status``), or None if it is."""
+    if verdict.get("accel") == "kvm":
+        return None
+    kvm = next((p for p in _probes(verdict) if p["accel"] == "kvm"), None)
+    return str(kvm["detail"]) if kvm is not None else NO_KVM_DEVICE
+
+
+def host_facts(guest: Guest | None) -> dict[str, object]:
+    """The accelerator for the host's provenance, from the cached verdict (never probes)."""
+    verdict = cached_verdict(guest) if guest is not None else None
+    if verdict is None:
+        return {"accel": None, "note": "not probed yet (sandbench vm prepare)"}
+    return {"accel": verdict.get("accel"), "kvm_unusable": fallback_reason(verdict)}
+
+
+def _probes(verdict: dict[str, object]) -> list[dict[str, object]]:
+    """The probe boots of a verdict."""
+    probes = verdict.get("probes")
+    return list(probes) if isinstance(probes, list) else []
 
 
 def probe_summary(verdict: dict[str, object]) -> str:
     """One line per probe boot of a verdict, e.g. ``kvm: no ready in 20 s; tcg: ready in 6.2 s``."""
     parts = []
-    for probe in verdict.get("probes") or []:  # type: ignore[attr-defined]
+    for probe in _probes(verdict):
         outcome = "ready" if probe["ready"] else "no ready"
         parts.append(f"{probe['accel']}: {outcome} in {probe['seconds']} s")
     return "; ".join(parts)
