@@ -213,18 +213,13 @@ class PodmanMode:
             remove_dir(directory)
 
     def _remove(self, name: str) -> None:
-        """``podman rm --force`` until the store no longer lists the container."""
+        """``podman rm --force`` (a missing container is fine), retried while podman refuses."""
         deadline = time.monotonic() + REMOVE_WAIT_S
-        while self._exists(name):
+        while True:
             try:
                 self.store.run("rm", "--force", "--time=0", "--ignore", name)
-                continue
-            except PodmanError as exc:  # e.g. conmon's cleanup holds the container
+                return
+            except PodmanError as exc:  # e.g. conmon's cleanup holds the container's lock
                 if time.monotonic() > deadline:
                     raise PodmanError(f"container {name} is not removed: {exc}") from exc
             time.sleep(REMOVE_POLL_S)
-
-    def _exists(self, name: str) -> bool:
-        """Whether the store lists a container called exactly ``name``."""
-        out = self.store.run("ps", "--all", "--quiet", f"--filter=name=^{name}$")
-        return bool(out.strip())
