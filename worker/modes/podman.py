@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tasks.records import Quota
 from worker.modes.base import EnvContext, HostInfo, Preflight
 from worker.modes.docker import (
     IMAGE_PATH,
@@ -55,13 +56,14 @@ LAUNCHER_MEMORY_BYTES = 128 * MiB
 LABELS = ("--label=sandbench=1",)  # every container sandbench creates, for a reaper to find
 CONMON_PIDFILE = "conmon.pid"  # in the environment's directory, for a reaper to find
 CONTAINER_PIDFILE = "container.pid"
+LOCAL_REGISTRY = "localhost"  # where podman puts imported images
 REMOVE_WAIT_S = 30.0
 REMOVE_POLL_S = 0.1
 
 
 def ensure_image(store: Podman) -> dict[str, Any]:
     """Import the host-toolset image unless present; its id and how it was built."""
-    tag = image_tag()
+    tag = f"{LOCAL_REGISTRY}/{image_tag()}"  # podman's name for it: no short-name resolution
     built_now = False
     try:
         image_id = store.run("image", "inspect", "--format", "{{.Id}}", tag).strip()
@@ -156,10 +158,12 @@ class PodmanMode:
     def _tool_versions(self, image: str) -> dict[str, str]:
         """Versions of the tools as they run inside a container of this mode (probed once)."""
         if self._tools is None:
-            probe = create_cgroup(f"podman-preflight-{os.getpid()}", None)
+            # placed as an environment's container is: under a cgroup of its own, conmon
+            # staying with its caller (on v2 a parent cgroup may not hold processes)
+            probe = create_cgroup(f"podman-preflight-{os.getpid()}", Quota())
             try:
                 out = self.store.run(
-                    "run", "--rm", "--network=none", "--log-driver=none",
+                    "run", "--rm", "--network=none", "--log-driver=none", "--cgroups=no-conmon",
                     f"--cgroup-parent={probe.path}", *ulimit_options(), *toolset_mounts(),
                     image, "/bin/sh", "-c", TOOLS_PROBE,
                 )  # fmt: skip
