@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from coordinator.views import RecordView
 from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec
 
 CI_MIN_N = 10
@@ -84,7 +85,7 @@ def _status(outcome: str, reason: str | None) -> str:
     )
 
 
-def _row(r: EnvironmentRecord) -> tuple[Any, ...]:
+def _row(r: EnvironmentRecord | RecordView) -> tuple[Any, ...]:
     rounds = r.rounds
     return (
         r.host, r.cohort, r.mode, r.workload, r.env_index, r.attempt, r.order_index,
@@ -106,8 +107,8 @@ def _dict_row(r: dict[str, Any]) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def records_frame(records: Sequence[EnvironmentRecord] | Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """One row per record (model or its JSON dict): identity, outcome, Ready, task time, rounds."""
+def records_frame(records: Sequence[Any]) -> pd.DataFrame:
+    """One row per record (model, view or JSON dict): identity, outcome, Ready, task time."""
     rows = [_dict_row(r) if isinstance(r, dict) else _row(r) for r in records]
     cols = [*ENV_KEYS, "order_index", "status", "failure_class", "reason", "detail", "ready_ms",
             "task_s", "valid_rounds", "rounds", "superseded_flag", "campaign"]  # fmt: skip
@@ -318,7 +319,7 @@ def _order(env: pd.DataFrame, mode_order: list[str], workload_order: list[str]) 
 
 
 def analyze(
-    records: Sequence[EnvironmentRecord] | Sequence[dict[str, Any]],
+    records: Sequence[EnvironmentRecord] | Sequence[RecordView] | Sequence[dict[str, Any]],
     planned: Sequence[EnvironmentSpec] | Any,
     *,
     seed: int | None = None,

@@ -32,7 +32,8 @@ from coordinator.analysis import (
     resample_medians,
 )
 from coordinator.report import analyze_stored, flatten_facts
-from coordinator.store import CAMPAIGN_FILE, Campaign, Store
+from coordinator.store import CAMPAIGN_FILE, Store
+from coordinator.views import CampaignView
 from tasks.errors import SandbenchError
 
 FASTER, SLOWER = "faster", "slower"
@@ -62,7 +63,7 @@ class Side:
     """One side: a stored campaign, or one mode of it."""
 
     label: str
-    campaign: Campaign
+    campaign: CampaignView
     analysis: Analysis
     signers: dict[str, set[str]]  # host -> key ids that signed its records
     provenance: dict[str, dict[str, Any]]  # host -> provenance facts
@@ -136,14 +137,12 @@ def load_side(store: Store, text: str) -> Side:
     path = Path(ident)
     if (path / CAMPAIGN_FILE).is_file():  # a campaign directory, e.g. copied from another lab
         store, ident = Store(path.parent), path.name
-    campaign = store.load_campaign(ident)
-    dicts = store.record_dicts(ident)
+    campaign = store.campaign_view(ident)
+    analysis, records = analyze_stored(store, campaign)
     signers: dict[str, set[str]] = {}
-    for d in dicts:
-        sig = d.get("signature")
-        if isinstance(sig, dict) and sig.get("key_id"):
-            signers.setdefault(str(d.get("host")), set()).add(str(sig["key_id"]))
-    analysis = analyze_stored(store, campaign, dicts)
+    for r in records:
+        if r.signature is not None:
+            signers.setdefault(r.host, set()).add(r.signature.key_id)
     provenance = {t.host: store.provenance(ident, t.host) for t in analysis.tables}
     side = Side(text, campaign, analysis, signers, provenance, mode)
     modes = {str(m) for t in analysis.tables for m in t.cells["mode"]}

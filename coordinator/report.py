@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pandas as pd
 
 from coordinator import plots
@@ -19,6 +20,7 @@ from coordinator.analysis import CELL_COLUMNS, Analysis, HostTables, analyze
 from coordinator.campaign import format_size
 from coordinator.store import Campaign, Store
 from coordinator.units import MISSING, UNIT_RULE, Unit, duration, fmt, unit_for
+from coordinator.views import CampaignView, record_views
 
 WRITES_SYNC = (
     "seq-write",
@@ -220,7 +222,7 @@ def host_blocks(t: HostTables, provenance: dict[str, Any], plot_dir: Path) -> li
 
 
 def campaign_blocks(
-    store: Store, campaign: Campaign, analysis: Analysis, plot_dir: Path
+    store: Store, campaign: Campaign | CampaignView, analysis: Analysis, plot_dir: Path
 ) -> list[Block]:
     """Every section of the report, host by host."""
     plan = campaign.plan
@@ -366,18 +368,20 @@ def write_results_csv(store: Store, campaign_id: str, analysis: Analysis) -> lis
     return paths
 
 
-def analyze_stored(store: Store, campaign: Campaign, dicts: list[dict[str, Any]]) -> Analysis:
-    """The analysis of a stored campaign from its record dicts (``store.record_dicts``)."""
+def analyze_stored(store: Store, campaign: Campaign | CampaignView) -> tuple[Analysis, list[Any]]:
+    """The analysis of a stored campaign and the records it read (views of the raw lines)."""
+    records: list[Any]
     try:
-        return analyze(dicts, campaign)
-    except (KeyError, TypeError):  # a damaged record: the validating path says which line
-        return analyze(store.records(campaign.id), campaign)
+        records = record_views(line for _, _, line in store.record_lines(campaign.id))
+    except msgspec.MsgspecError:  # not a record as written: the validating path names the line
+        records = store.records(campaign.id)
+    return analyze(records, campaign), records
 
 
 def write_report(store: Store, campaign_id: str) -> dict[str, Any]:
     """Rebuild every derived file of a campaign from its raw records; returns their paths."""
-    campaign = store.load_campaign(campaign_id)
-    analysis = analyze_stored(store, campaign, store.record_dicts(campaign_id))
+    campaign = store.campaign_view(campaign_id)
+    analysis, _ = analyze_stored(store, campaign)
     root = store.campaign_dir(campaign_id)
     csvs = write_results_csv(store, campaign_id, analysis)
     blocks = campaign_blocks(store, campaign, analysis, root / "plots")

@@ -26,9 +26,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from pydantic import ValidationError
 from pydantic_core import from_json  # about twice as fast as json.loads on records
 
+from coordinator.views import CampaignView, campaign_view
 from tasks.errors import StoreError
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 
@@ -175,14 +177,25 @@ class Store:
         }
         _write_atomic(self.campaign_dir(cid) / CAMPAIGN_FILE, json.dumps(doc, indent=1) + "\n")
 
-    def load_campaign(self, campaign_id: str) -> Campaign:
-        """The stored campaign ``campaign_id``."""
-        cdir = self.campaign_dir(campaign_id)
-        path = cdir / CAMPAIGN_FILE
+    def _campaign_file(self, campaign_id: str) -> Path:
+        path = self.campaign_dir(campaign_id) / CAMPAIGN_FILE
         if not path.exists():
             known = ", ".join(self.campaign_ids()[-5:]) or "none"
             raise StoreError(f"no campaign '{campaign_id}' under {self.root} (recent: {known})")
-        doc = from_json(path.read_bytes())
+        return path
+
+    def campaign_view(self, campaign_id: str) -> CampaignView:
+        """The stored campaign as the report reads it (header, planned identities), fast."""
+        path = self._campaign_file(campaign_id)
+        try:
+            return campaign_view(path.read_bytes())
+        except msgspec.MsgspecError as exc:
+            raise StoreError(f"{path} is not a campaign file: {exc}") from exc
+
+    def load_campaign(self, campaign_id: str) -> Campaign:
+        """The stored campaign ``campaign_id``."""
+        cdir = self.campaign_dir(campaign_id)
+        doc = from_json(self._campaign_file(campaign_id).read_bytes())
         return Campaign(
             id=doc["campaign"],
             plan_text=(cdir / PLAN_FILE).read_text(),
@@ -340,17 +353,24 @@ class Store:
                     if text.strip():
                         yield RawLine(h, n, text)
 
-    def record_dicts(self, campaign_id: str, host: str | None = None) -> list[dict[str, Any]]:
-        """Every stored record as its JSON dict, unvalidated (fast path for the statistics)."""
-        out = []
+    def record_lines(
+        self, campaign_id: str, host: str | None = None
+    ) -> Iterator[tuple[Path, int, bytes]]:
+        """Every stored record line as bytes (file, line number, line), host by host."""
         for h in [host] if host else self._record_hosts(campaign_id):
             path = self.records_path(campaign_id, h)
             if not path.exists():
                 continue
             for n, line in enumerate(path.read_bytes().split(b"\n"), start=1):
                 if line.strip():
-                    out.append(_parse_line(line, path, n, campaign_id))
-        return out
+                    yield path, n, line
+
+    def record_dicts(self, campaign_id: str, host: str | None = None) -> list[dict[str, Any]]:
+        """Every stored record as its JSON dict, unvalidated."""
+        return [
+            _parse_line(line, path, n, campaign_id)
+            for path, n, line in self.record_lines(campaign_id, host)
+        ]
 
     def records(self, campaign_id: str, host: str | None = None) -> list[EnvironmentRecord]:
         """Every stored record of a campaign (or one host), in file order."""

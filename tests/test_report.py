@@ -8,12 +8,14 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import require
 from PIL import Image
 from test_analysis import _campaign
 
 from coordinator.report import write_report
 from coordinator.store import Store
+from tasks.errors import StoreError
 
 CID = "c-20261129-ab12"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -151,3 +153,14 @@ def test_tails_are_shown_only_when_n_allows() -> None:
         records = [_rec(s, [float(s.env_index + 1)], 1.0) for s in specs]
         table = cell_table(analyze(records, specs).tables[0], ["publish"], "caption")
         assert table is not None and re.fullmatch(pattern, str(table.rows[0][1]))
+
+
+def test_a_damaged_record_line_is_named_never_counted(tmp_path: Path) -> None:
+    """A line that is not a record stops the report with its file and line number."""
+    store = _stored(tmp_path)
+    path = tmp_path / "data" / CID / "hosts" / "lab-a" / "records.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    lines[2] = lines[2].replace('"outcome":"passed"', '"outcome":"passeD"')
+    path.write_text("".join(lines))
+    with pytest.raises(StoreError, match=r"lab-a/records.jsonl line 3: not a valid record"):
+        write_report(store, CID)
