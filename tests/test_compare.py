@@ -123,6 +123,8 @@ def test_two_campaigns_cell_by_cell(campaigns: Campaigns) -> None:
     assert doc["excluded"] == [] and doc["drift"] is None
     text = campaigns.compare("A", "B")
     assert "ratio = B / A" in text and "stat-tree" in text and "slow-sync" in text
+    assert "no machine-state sentinel measured" in text  # two campaigns: the drift is unknown
+    assert "sentinel" not in campaigns.compare("A:native", "A:slow-sync")  # one campaign
 
 
 def test_small_n_is_exploratory_and_incomplete_cells_are_listed(campaigns: Campaigns) -> None:

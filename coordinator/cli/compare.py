@@ -68,6 +68,9 @@ def header_lines(c: Comparison) -> list[str]:
              "and a verdict; otherwise exploratory (the ratio alone)"]  # fmt: skip
     if c.drift is not None:
         lines.append(f"machine drift B / A: {c.drift.ratio:.3g}x ({c.drift.source})")
+    elif c.a.partition(":")[0] != c.b.partition(":")[0]:
+        lines.append("no machine-state sentinel measured: between two campaigns, any shift of "
+                     "the machine itself is part of every ratio")  # fmt: skip
     return lines + [f"note: {n}" for n in c.notes]
 
 
