@@ -68,8 +68,10 @@ def cell_table(t: HostTables, workloads: list[str], caption: str) -> Table | Non
     by_key = {(r.mode, r.workload): r for r in cells.itertuples()}
     for w in [w for w in workloads if w in set(cells["workload"])]:
         found = [r for r in (by_key.get((m, w)) for m in modes) if r is not None]
-        unit = unit_for(v for r in found for v in (r.task_s_median, r.task_s_ci_high, r.task_s_p95))
-        row: list[str | tuple[str, int]] = [f"{w} ({unit.name})"]
+        values = [v for r in found for v in (r.task_s_median, r.task_s_ci_high, r.task_s_p95)]
+        unit = unit_for(values)
+        shown = any(unit.show(v) != MISSING for v in values)  # a row of dashes has no unit
+        row: list[str | tuple[str, int]] = [f"{w} ({unit.name})" if shown else w]
         for m in modes:
             r = by_key.get((m, w))
             if r is None:

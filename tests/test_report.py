@@ -164,3 +164,20 @@ def test_a_damaged_record_line_is_named_never_counted(tmp_path: Path) -> None:
     path.write_text("".join(lines))
     with pytest.raises(StoreError, match=r"lab-a/records.jsonl line 3: not a valid record"):
         write_report(store, CID)
+
+
+def test_units_per_row_and_none_for_a_row_of_dashes() -> None:
+    """A row below 1 s is in ms, a row with 1 s or more in s, a row of dashes has no unit."""
+    from test_analysis import _rec, _spec
+
+    from coordinator.analysis import analyze
+    from coordinator.report import cell_table
+    from tasks.records import failed_fields
+
+    specs = [_spec("lab-a", "native", w, 0) for w in ("publish", "seq-write", "copy-tree")]
+    records = [_rec(specs[0], [0.25, 0.5]), _rec(specs[1], [0.5, 0.75]),
+               _rec(specs[2], [0.1], 1.0, **failed_fields("timeout"))]  # fmt: skip
+    table = cell_table(analyze(records, specs).tables[0], ["publish", "seq-write", "copy-tree"], "")
+    assert table is not None
+    assert [row[:2] for row in table.rows] == [
+        ["publish (ms)", "750"], ["seq-write (s)", "1.25"], ["copy-tree", ("—", 1)]]  # fmt: skip
