@@ -26,21 +26,41 @@ Example::
 from __future__ import annotations
 
 import difflib
+import json
+import math
+import os
 import re
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tasks.errors import PlanError
+from tasks.names import Name
 from tasks.records import Quota, VmSize
+from workloads.registry import MAX_ROUNDS
 
 ALL = "all"
 PRESETS = ("smoke", "full")
 SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2,
               "MIB": 1024**2, "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}  # fmt: skip
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+CPU_LIST_RE = re.compile(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\Z")
+MAX_CPU = 8191  # the kernel's largest CPU number (NR_CPUS is at most 8192)
+MAX_BYTES = 1 << 50  # 1 PiB: a memory or swap size beyond any lab host, surely a typo
+MAX_LIMIT_S = 24 * 3600  # an environment's limit; a day is surely a typo
+MAX_ENVIRONMENTS = 1000  # per cell: N >= 30 already gives P95
+# Environments per host: campaign.json, the queue and the store stay in the tens of megabytes.
+MAX_PLANNED = 50_000
 # Smoke preset: VM modes boot a guest per environment (tens of seconds under TCG), so they get
 # only these workloads there; the full preset keeps the whole matrix.
 SMOKE_VM_WORKLOADS = ("publish",)
@@ -57,20 +77,53 @@ def parse_size(value: int | str) -> int:
     return int(float(m.group(1)) * SIZE_UNITS[m.group(2).upper()])
 
 
+def parse_cpus(text: str) -> list[int]:
+    """CPU numbers of a well-formed cpuset list (``"0,1"``, ``"0-3,6"``); ValueError otherwise."""
+    if not CPU_LIST_RE.match(text):
+        raise ValueError(f'{text!r} is not a CPU list; write e.g. "0,1" or "0-3"')
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        first, last = int(low), int(high or low)
+        if first > last or last > MAX_CPU:
+            raise ValueError(f"'{part}' is not a CPU range; write low-high with high <= {MAX_CPU}")
+        cpus.update(range(first, last + 1))
+    return sorted(cpus)
+
+
 class QuotaPlan(BaseModel):
     """The ``[quota]`` table: applied to every environment's whole process tree."""
 
     model_config = ConfigDict(extra="forbid")
 
     cpus: str = "0,1"
-    cpu_quota: float = Field(2.0, gt=0)
+    cpu_quota: float = Field(2.0, gt=0, allow_inf_nan=False)
     memory: int = Field(2 * 1024**3, gt=0)  # bytes; "2GiB" and the like are accepted
     swap: int = Field(0, ge=0)
 
     @field_validator("memory", "swap", mode="before")
     @classmethod
     def _size(cls, value: int | str) -> int:
-        return parse_size(value)
+        size = parse_size(value)
+        if size > MAX_BYTES:
+            raise ValueError(f"{value!r} is more than 1 PiB, surely a typo; write e.g. \"2GiB\"")
+        return size
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus(cls, value: str) -> str:
+        parse_cpus(value)
+        return value
+
+    @model_validator(mode="after")
+    def _quota_fits_cpus(self) -> QuotaPlan:
+        count = len(parse_cpus(self.cpus))
+        if self.cpu_quota > count:
+            raise ValueError(
+                f"cpu_quota {self.cpu_quota:g} exceeds the {count} CPU{'s' * (count != 1)} of cpus "
+                f"{json.dumps(self.cpus)}; give at most {count} or list more CPUs"
+            )
+        return self
 
     def quota(self) -> Quota:
         """The quota as the runner takes it."""
@@ -85,7 +138,7 @@ class ModeEntry(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1)
+    name: Name  # becomes part of file and cgroup names
     template: list[str] | str | None = None  # command mode: argv (or shell string), placeholders
     staged: bool = False  # command mode only: works on a copy
     root: str | None = None  # command mode: the workspace path as the payload sees it
@@ -114,12 +167,12 @@ class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = "campaign"
-    cohort: str = Field("default", min_length=1)
+    cohort: Name = "default"  # becomes part of report file names
     seed: int = 0
-    environments: int = Field(3, ge=1)
-    rounds: int = Field(3, ge=1)
-    limit_s: float = Field(90.0, gt=0)
-    scale: float = Field(1.0, gt=0, le=1.0)
+    environments: int = Field(3, ge=1, le=MAX_ENVIRONMENTS)
+    rounds: int = Field(3, ge=1, le=MAX_ROUNDS)  # fixtures prepare state for MAX_ROUNDS
+    limit_s: float = Field(90.0, gt=0, le=MAX_LIMIT_S, allow_inf_nan=False)
+    scale: float = Field(1.0, gt=0, le=1.0, allow_inf_nan=False)
     workloads: list[str] = Field(default_factory=lambda: [ALL], min_length=1)
     modes: list[str | ModeEntry] = Field(min_length=1)
     quota: QuotaPlan = Field(default_factory=lambda: QuotaPlan.model_validate({}))
@@ -193,6 +246,22 @@ def _check_names(plan: Plan, source: str) -> None:
             _check_templates(entry, f"{source}: modes[{i}] '{entry.name}'")
         if entry.workloads is not None:
             check_workloads(entry.workloads, f"modes[{i}].workloads")
+            if not entry.workloads:
+                raise PlanError(
+                    f"{source}: modes[{i}].workloads is empty; name a workload or drop the key"
+                )
+
+
+def _check_size(plan: Plan, source: str) -> None:
+    """The plan expands to at least one and at most ``MAX_PLANNED`` environments per host."""
+    cells = len(plan.cells())
+    total = cells * plan.environments
+    if total > MAX_PLANNED:
+        raise PlanError(
+            f"{source}: the plan expands to {total:,} environments per host ({cells} cells x "
+            f"{plan.environments} environments); at most {MAX_PLANNED:,}: lower environments "
+            "or plan fewer workloads or modes"
+        )
 
 
 def _check_templates(entry: ModeEntry, where: str) -> None:
@@ -215,6 +284,26 @@ def _location(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+def _given(value: object, message: str) -> str:
+    """`` = value`` as the plan wrote it, unless ``message`` already shows it or it is a table."""
+    if isinstance(value, bool):
+        shown = "true" if value else "false"
+    elif isinstance(value, float) and not math.isfinite(value):
+        shown = str(value)  # inf, -inf, nan: what TOML spells
+    elif isinstance(value, int | float | str):
+        shown = json.dumps(value)
+    else:
+        return ""
+    return "" if str(value) in message else f" = {shown}"
+
+
+def _reportable(exc: ValidationError) -> list[Any]:
+    """The errors worth reporting: for a mode table, its own errors, not "not a string"."""
+    errors = exc.errors()
+    as_table = [e for e in errors if not (e["type"] == "string_type" and "str" in e["loc"])]
+    return as_table or errors
+
+
 def parse_plan(text: str, source: str = "plan.toml") -> Plan:
     """Validate plan TOML ``text``; errors name ``source``, the key and the fix."""
     try:
@@ -226,20 +315,62 @@ def parse_plan(text: str, source: str = "plan.toml") -> Plan:
     try:
         plan = Plan.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        extra = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise PlanError(f"{source}: {_location(err['loc'])}: {err['msg']}{extra}") from exc
+        errors = _reportable(exc)
+        err = errors[0]
+        msg = err["msg"].removeprefix("Value error, ")
+        extra = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        where = f"{_location(err['loc'])}{_given(err.get('input'), msg)}"
+        raise PlanError(f"{source}: {where}: {msg}{extra}") from exc
     _check_names(plan, source)
+    _check_size(plan, source)
     return plan
+
+
+def decode_plan(data: bytes, source: str) -> str:
+    """The text of plan bytes, which must be UTF-8 (PlanError naming the first bad byte)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise PlanError(
+            f"{source}: not UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start} "
+            f"(line {line}); save the plan as UTF-8"
+        ) from exc
 
 
 def load_plan(path: Path) -> tuple[str, Plan]:
     """The text and validated plan of the TOML file at ``path``."""
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise PlanError(f"cannot read plan {path}: {exc.strerror}") from exc
+    text = decode_plan(data, str(path))
     return text, parse_plan(text, str(path))
+
+
+def missing_cpus(plan: Plan) -> list[int]:
+    """CPUs of the plan's quota that this process cannot run on here (none: it fits)."""
+    return sorted(set(parse_cpus(plan.quota.cpus)) - os.sched_getaffinity(0))
+
+
+def check_runs_here(plan: Plan, source: str) -> None:
+    """PlanError unless this host has every CPU of the plan's quota (``run`` runs it here)."""
+    if missing := missing_cpus(plan):
+        raise PlanError(
+            f"{source}: quota.cpus {json.dumps(plan.quota.cpus)} names CPUs this host does not "
+            f"have ({format_cpus(missing)}); it has {format_cpus(os.sched_getaffinity(0))}"
+        )
+
+
+def format_cpus(cpus: Iterable[int]) -> str:
+    """CPU numbers as a cpuset list, runs folded: ``0-3,6``."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def preset_text(name: str) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import HostKeyError
+from tasks.names import check_name
 from tasks.signing import public_key_from_b64, sandbench_home
 
 REGISTRY_FILE = "hosts.json"
@@ -47,6 +48,7 @@ class HostRegistry:
 
     def add(self, name: str, pubkey_b64: str, *, replace: bool = False) -> bool:
         """Trust ``name`` with key ``pubkey_b64``; False if it was already registered so."""
+        check_name(name, "host")
         public_key_from_b64(pubkey_b64)  # validates
         pubkey_b64 = pubkey_b64.strip()
         with self._locked():

@@ -21,6 +21,7 @@ from coordinator.campaign import format_size
 from coordinator.store import Campaign, Store
 from coordinator.units import MISSING, UNIT_RULE, Unit, duration, fmt, unit_for
 from coordinator.views import CampaignView, record_views
+from tasks.names import check_name
 
 WRITES_SYNC = (
     "seq-write",
@@ -187,7 +188,7 @@ def flatten_facts(d: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
 def host_blocks(t: HostTables, provenance: dict[str, Any], plot_dir: Path) -> list[Block]:
     """The sections of one host and cohort."""
     g = _groups(t)
-    slug = f"{t.host}-{t.cohort}"
+    slug = f"{check_name(t.host, 'host')}-{check_name(t.cohort, 'cohort')}"  # file names
     blocks: list[Block] = [("h2", f"Host {t.host}, cohort {t.cohort}")]
     sections = [
         ("Task completion per workflow and mode", g["workflow"], "workflows"),

@@ -32,6 +32,7 @@ from pydantic_core import from_json  # about twice as fast as json.loads on reco
 
 from coordinator.views import CampaignView, campaign_view
 from tasks.errors import StoreError
+from tasks.names import check_name, is_name
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 
 CAMPAIGN_FILE = "campaign.json"
@@ -109,14 +110,12 @@ class Store:
 
     # --- paths ---------------------------------------------------------------------------------
     def campaign_dir(self, campaign_id: str) -> Path:
-        """Directory of one campaign."""
-        return self.root / campaign_id
+        """Directory of one campaign (``InvalidName`` unless the id is a name)."""
+        return self.root / check_name(campaign_id, "campaign id")
 
     def host_dir(self, campaign_id: str, host: str) -> Path:
         """Directory of one host's raw and derived files in a campaign."""
-        if not host or "/" in host or host.startswith("."):
-            raise StoreError(f"'{host}' is not a usable host name (no '/', not starting with '.')")
-        return self.campaign_dir(campaign_id) / "hosts" / host
+        return self.campaign_dir(campaign_id) / "hosts" / check_name(host, "host")
 
     def records_path(self, campaign_id: str, host: str) -> Path:
         """The append-only records file of one host."""
@@ -126,7 +125,9 @@ class Store:
         """Every stored campaign id, oldest first by name."""
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if (p / CAMPAIGN_FILE).exists())
+        return sorted(
+            p.name for p in self.root.iterdir() if is_name(p.name) and (p / CAMPAIGN_FILE).exists()
+        )
 
     # --- campaign --------------------------------------------------------------------------------
     def create_campaign(
@@ -254,7 +255,11 @@ class Store:
         """Hosts of a campaign: planned ones and any that delivered records."""
         planned = set(self.load_campaign(campaign_id).hosts)
         hosts_dir = self.campaign_dir(campaign_id) / "hosts"
-        seen = {p.name for p in hosts_dir.iterdir()} if hosts_dir.is_dir() else set()
+        seen = (
+            {p.name for p in hosts_dir.iterdir() if is_name(p.name)}
+            if hosts_dir.is_dir()
+            else set()
+        )
         return sorted(planned | seen)
 
     # --- provenance and verification ------------------------------------------------------------
@@ -340,7 +345,7 @@ class Store:
         hosts_dir = self.campaign_dir(campaign_id) / "hosts"
         if not hosts_dir.is_dir():
             return []
-        return sorted(p.name for p in hosts_dir.iterdir() if p.is_dir() and p.name[:1] != ".")
+        return sorted(p.name for p in hosts_dir.iterdir() if p.is_dir() and is_name(p.name))
 
     def raw_lines(self, campaign_id: str, host: str | None = None) -> Iterator[RawLine]:
         """Every stored record line, unparsed, host by host."""

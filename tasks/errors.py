@@ -11,6 +11,10 @@ class PlanError(SandbenchError):
     """A plan file or plan option is wrong."""
 
 
+class InvalidName(SandbenchError):
+    """A campaign id, cohort, host, mode or workload name that cannot be a file or cgroup name."""
+
+
 class WorkloadError(SandbenchError):
     """A workload name, scale or parameter is wrong."""
 

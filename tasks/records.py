@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.names import Name
+
 SCHEMA_VERSION = 1
 
 Outcome = Literal["passed", "failed", "not-run"]
@@ -61,19 +63,19 @@ class EnvironmentSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    campaign: str
-    cohort: str = "default"
-    host: str
-    mode: str
-    workload: str
+    campaign: Name  # names become file and cgroup names: see ``tasks.names``
+    cohort: Name = "default"
+    host: Name
+    mode: Name
+    workload: Name
     env_index: int = Field(ge=0)
     attempt: int = Field(1, ge=1)
     order_index: int = Field(0, ge=0)
     task_id: str | None = None
     seed: int = 0
-    scale: float = Field(1.0, gt=0)
+    scale: float = Field(1.0, gt=0, allow_inf_nan=False)
     rounds: int = Field(3, ge=1)
-    limit_s: float = Field(90.0, gt=0)
+    limit_s: float = Field(90.0, gt=0, allow_inf_nan=False)
     quota: Quota = Quota()
     vm: VmSize = VmSize()
     work_root: str
@@ -127,11 +129,11 @@ class EnvironmentRecord(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     schema_: int = Field(SCHEMA_VERSION, alias="schema")
-    campaign: str
-    cohort: str = "default"
-    host: str
-    mode: str
-    workload: str
+    campaign: Name
+    cohort: Name = "default"
+    host: Name
+    mode: Name
+    workload: Name
     env_index: int
     attempt: int = 1
     order_index: int = 0

@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from tasks.errors import HostKeyError, RecordRejected
+from tasks.names import check_name
 from tasks.records import EnvironmentRecord, Signature
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class HostKey:
     """This host's name and Ed25519 signing key."""
 
     def __init__(self, name: str, private: Ed25519PrivateKey, path: Path | None = None) -> None:
-        self.name = name
+        self.name = check_name(name, "host name")  # names a store directory and a queue
         self.private = private
         self.path = path
 

@@ -66,6 +66,7 @@ def test_env_run_failure_exits_1(tmp_path: Path) -> None:
         (["--mode", "native", "--workload", "seqwrite"], "seq-write"),
         (["--mode", "native", "--workload", "seq-write", "--scale", "-1"], "(0, 1]"),
         (["--mode", "native", "--workload", "seq-write", "--limit-s", "0"], "must be positive"),
+        (["--mode", "native", "--workload", "seq-write", "--limit-s", "inf"], "must be positive"),
         (["--mode", "native", "--workload", "seq-write", "--rounds", "0"], "give 1 to"),
     ],
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -10,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from coordinator.campaign import describe, expand, new_campaign_id
-from coordinator.plan import parse_plan, preset
+from coordinator.plan import (
+    check_runs_here,
+    format_cpus,
+    load_plan,
+    missing_cpus,
+    parse_plan,
+    preset,
+)
 from tasks.errors import PlanError
 from workloads.registry import WORKLOADS
 
@@ -47,13 +55,41 @@ def test_plan_is_validated_and_normalized() -> None:
          "workloads[0] 'seqwrite' is not a workload; did you mean 'seq-write'?"),
         ('modes = ["nativ"]', "modes[0] 'nativ' is not a mode; did you mean 'native'?"),
         ('modes = ["native"]\nenvironments = 0',
-         "environments: Input should be greater than or equal to 1"),
-        ('modes = ["native"]\nenviroments = 3', "enviroments: Extra inputs are not permitted"),
+         "environments = 0: Input should be greater than or equal to 1"),
+        ('modes = ["native"]\nenviroments = 3',
+         "enviroments = 3: Extra inputs are not permitted"),
         ('workloads = ["all"]', "modes is missing"),
-        ('modes = ["native"]\n[quota]\nmemory = "lots"',
-         "quota.memory: Value error, 'lots' is not a size"),
+        ('modes = ["native"]\n[quota]\nmemory = "lots"', "quota.memory: 'lots' is not a size"),
         ('modes = ["native", "native"]', "modes[1] 'native' appears twice"),
         ("modes = [", "not valid TOML"),
+        ('modes = ["native"]\nlimit_s = inf', "limit_s = inf: Input should be a finite number"),
+        ('modes = ["native"]\nlimit_s = nan', "limit_s = nan: Input should be a finite number"),
+        ('modes = ["native"]\nlimit_s = 1e9',
+         "limit_s = 1000000000.0: Input should be less than or equal to 86400"),
+        ('modes = ["native"]\nscale = nan', "scale = nan: Input should be a finite number"),
+        ('modes = ["native"]\nrounds = 11',
+         "rounds = 11: Input should be less than or equal to 10"),
+        ('modes = ["native"]\nenvironments = 100000000',
+         "environments = 100000000: Input should be less than or equal to 1000"),
+        ('modes = ["native", "host", "staged"]\nenvironments = 1000',
+         "expands to 57,000 environments per host (57 cells x 1000 environments); at most "
+         "50,000"),
+        ('modes = ["native"]\n[quota]\ncpus = "banana"',
+         "quota.cpus: 'banana' is not a CPU list; write e.g. \"0,1\" or \"0-3\""),
+        ('modes = ["native"]\n[quota]\ncpus = "3-1"', "'3-1' is not a CPU range"),
+        ('modes = ["native"]\n[quota]\ncpus = "0-99999999"', "'0-99999999' is not a CPU range"),
+        ('modes = ["native"]\n[quota]\ncpus = "0"',
+         'quota: cpu_quota 2 exceeds the 1 CPU of cpus "0"; give at most 1'),
+        ('modes = ["native"]\n[quota]\ncpu_quota = inf',
+         "quota.cpu_quota = inf: Input should be a finite number"),
+        ('modes = ["native"]\n[quota]\nmemory = "2000000GiB"',
+         "quota.memory: '2000000GiB' is more than 1 PiB"),
+        ('modes = ["native"]\ncohort = "x/../../../ESCAPED"',
+         "cohort: 'x/../../../ESCAPED' is not a usable name: use 1-64 letters, digits"),
+        ('modes = [{ name = "../gv", template = ["runsc", "{payload_argv}"] }]',
+         "modes[0].name: '../gv' is not a usable name"),
+        ('modes = [{ name = "native", workloads = [] }]',
+         "modes[0].workloads is empty; name a workload or drop the key"),
     ],
 )  # fmt: skip
 def test_plan_errors_name_the_key_and_the_fix(text: str, message: str) -> None:
@@ -116,3 +152,28 @@ def test_plan_show_command(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "coordinator", "plan", "show", str(bad)],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 2 and "did you mean 'docker'?" in out.stderr
+
+
+def test_a_plan_that_is_not_utf8_names_the_byte(tmp_path: Path) -> None:
+    """A Latin-1 plan is refused with the offending byte, its offset and its line."""
+    data = b'modes = ["native"]\nname = "caf\xe9"\n'
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(data)
+    with pytest.raises(PlanError) as err:
+        load_plan(path)
+    offset = data.index(b"\xe9")
+    assert str(err.value) == (
+        f"{path}: not UTF-8: byte 0xe9 at offset {offset} (line 2); save the plan as UTF-8"
+    )
+
+
+def test_run_refuses_cpus_this_host_lacks() -> None:
+    """A well-formed CPU list passes the plan check; running here needs every CPU of it."""
+    plan = parse_plan('modes = ["native"]\n[quota]\ncpus = "0-8191"')
+    missing = sorted(set(range(8192)) - os.sched_getaffinity(0))
+    assert missing_cpus(plan) == missing
+    with pytest.raises(PlanError, match=rf"names CPUs this host does not have \({missing[0]}-"):
+        check_runs_here(plan, "big.toml")
+    here = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    check_runs_here(parse_plan(f'modes = ["native"]\n[quota]\ncpus = "{here}"\ncpu_quota = 1'), "")
+    assert format_cpus([8, 0, 1, 2, 5, 7]) == "0-2,5,7-8"

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tasks.errors import SandbenchError
+from tasks.names import NAME_CHARS
 from tasks.records import Quota
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -125,7 +126,7 @@ class Cgroup(ABC):
 
 def cgroup_name(key: str) -> str:
     """A unique, file-name-safe cgroup name for the environment with idempotency ``key``."""
-    slug = re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:MAX_NAME]
+    slug = re.sub(f"[^{NAME_CHARS}]", "_", key)[:MAX_NAME]  # a spec's key is names and '/'s
     return f"{slug}-{secrets.token_hex(3)}"
 
 

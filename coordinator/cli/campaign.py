@@ -19,7 +19,15 @@ from rich.table import Table
 from coordinator.analysis import Analysis, HostTables
 from coordinator.campaign import describe
 from coordinator.local import DEFAULT_WORK_ROOT, run_campaign, summary_line
-from coordinator.plan import PRESETS, Plan, load_plan, preset
+from coordinator.plan import (
+    PRESETS,
+    Plan,
+    check_runs_here,
+    format_cpus,
+    load_plan,
+    missing_cpus,
+    preset,
+)
 from coordinator.policy import verify_campaign
 from coordinator.registry import HostRegistry
 from coordinator.report import TASK_UNIT, cell_table, startup_table, write_report
@@ -44,6 +52,11 @@ def _plan_from(plan_path: Path | None, preset_name: str | None) -> tuple[str, Pl
     if (plan_path is None) == (preset_name is None):
         raise PlanError("give a plan file or --preset smoke|full (one of them)")
     return preset(preset_name) if preset_name else load_plan(plan_path)  # type: ignore[arg-type]
+
+
+def _source(plan_path: Path | None, preset_name: str | None) -> str:
+    """How errors name the plan: its path or the preset."""
+    return f"preset '{preset_name}'" if preset_name else str(plan_path)
 
 
 @contextmanager
@@ -134,6 +147,8 @@ def run_command(
 ) -> None:  # fmt: skip
     """Run a campaign on this machine (embedded, no broker) and print its tables."""
     plan = None if resume_id else _plan_from(plan_path, preset_name)
+    if plan:  # it runs here: its CPUs must exist here (nothing is created before this)
+        check_runs_here(plan[1], _source(plan_path, preset_name))
     key = HostKey.load_or_create(key_path, name=host_name)
     store, err = Store(data_dir), Console(stderr=True)
     for line in describe(plan[1]) if plan else [f"resuming campaign {resume_id}"]:
@@ -224,6 +239,11 @@ def plan_show(plan_path: Path | None, preset_name: str | None, as_toml: bool) ->
         click.echo(text)
     for line in describe(plan):
         click.echo(line)
+    if missing := missing_cpus(plan):
+        click.echo(
+            f"note: this host lacks CPUs {format_cpus(missing)} of quota.cpus: 'sandbench run' "
+            "refuses the plan here; lab hosts that have them can run it"
+        )
 
 
 def register(main: click.Group) -> None:

@@ -16,7 +16,9 @@ from typing import Any
 
 import click
 
+from coordinator.plan import MAX_LIMIT_S
 from tasks.errors import PlanError, WorkloadError
+from tasks.names import check_name
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 from worker.modes import HostInfo, get_mode
 from worker.runner import run_environment
@@ -67,14 +69,18 @@ def build_spec(
         raise WorkloadError(f"--scale {scale} is out of range: give a value in (0, 1], e.g. 0.02")
     if not 1 <= rounds <= MAX_ROUNDS:
         raise PlanError(f"--rounds {rounds} is out of range: give 1 to {MAX_ROUNDS}")
-    if not limit_s > 0:
-        raise PlanError(f"--limit-s {limit_s} must be positive, e.g. --limit-s 90")
+    if not 0 < limit_s <= MAX_LIMIT_S:  # also refuses nan and inf
+        raise PlanError(
+            f"--limit-s {limit_s} must be positive and at most {MAX_LIMIT_S}, e.g. --limit-s 90"
+        )
+    check_name(mode, "--mode")  # a command mode's name is free: it becomes a cgroup name
     options: dict[str, Any] = {"template": template} if template else {}
     get_mode(mode, options)  # unknown mode: ModeUnavailable naming the modes
     get_workload(workload)  # unknown workload: WorkloadError naming a near match
     root = (work_root or HostInfo().work_root).absolute()
     return EnvironmentSpec(
-        campaign=time.strftime("adhoc-%Y%m%d-%H%M%S"), host=socket.gethostname(), mode=mode,
+        campaign=time.strftime("adhoc-%Y%m%d-%H%M%S"),
+        host=check_name(socket.gethostname(), "this host's name"), mode=mode,
         workload=workload, env_index=0, seed=seed, scale=scale, rounds=rounds, limit_s=limit_s,
         work_root=str(root), mode_options=options,
     )  # fmt: skip

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from tasks.errors import FleetError
+from tasks.names import check_name
 
 BROKER_HELP = "broker URL (default: $SANDBENCH_BROKER, else redis://127.0.0.1:6379/0)"
 DATA_HELP = "data directory of the store"
@@ -49,9 +50,11 @@ def dispatch_cmd(
     """Expand PLAN per host (seeded order) and queue it to each host's worker."""
     from coordinator.dispatch import dispatch_plan
 
-    names = [h.strip() for h in hosts.split(",") if h.strip()]
+    names = [check_name(h.strip(), "--hosts:") for h in hosts.split(",") if h.strip()]
     if not names:
         raise FleetError("--hosts names no host; give e.g. --hosts lab-a,lab-b")
+    if len(set(names)) < len(names):
+        raise FleetError(f"--hosts {hosts} names a host twice; name each lab host once")
     campaign = dispatch_plan(_app(broker), _store(data), plan, names, work_root=work_root)
     click.echo(f"queued on {', '.join(f'host.{n}' for n in names)}")
     click.echo(f"campaign: {campaign}")
@@ -73,7 +76,7 @@ def worker_cmd(host: str, broker: str | None, work_root: Path | None, loglevel: 
     from tasks.fleet import HOST_ENV, WORK_ROOT_ENV
     from tasks.signing import HostKey, default_key_path
 
-    key = HostKey.load_or_create(default_key_path(), name=host)
+    key = HostKey.load_or_create(default_key_path(), name=check_name(host, "--host"))
     click.echo(
         f"host {host}: key {key.key_id} (register: sandbench hosts add {host} {key.public_b64()})",
         err=True,
