@@ -21,8 +21,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from coordinator.campaign import expand  # noqa: E402
-from coordinator.fleet import Coordinator, host_progress  # noqa: E402
+from coordinator.fleet import Coordinator  # noqa: E402
 from coordinator.plan import parse_plan  # noqa: E402
+from coordinator.progress import host_progress  # noqa: E402
 from coordinator.registry import HostRegistry  # noqa: E402
 from coordinator.store import Store  # noqa: E402
 from tasks.app import create_app  # noqa: E402

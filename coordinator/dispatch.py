@@ -13,11 +13,13 @@ from typing import Any
 
 from celery import Celery
 
-from coordinator.fleet import ACTIVE_CAMPAIGNS_KEY, FINALIZED_KEY, host_progress
+from coordinator.fleet import ACTIVE_CAMPAIGNS_KEY, FINALIZED_KEY
+from coordinator.progress import host_progress
 from coordinator.store import Store
-from tasks.app import host_queue
+from tasks.app import TASK_RUN, describe, host_queue
+from tasks.broker import redis_client
 from tasks.errors import FleetError, StoreError
-from tasks.fleet import DEFAULT_WORK_ROOT, TASK_RUN, describe, redis_client
+from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.records import EnvironmentSpec
 
 
@@ -81,7 +83,7 @@ def dispatch_plan(
     from coordinator.plan import load_plan
 
     plan_text, plan = load_plan(plan_path)
-    specs = expand(plan, hosts, new_campaign_id(), work_root or DEFAULT_WORK_ROOT)
+    specs = expand(plan, hosts, new_campaign_id(), work_root or str(DEFAULT_WORK_ROOT))
     return dispatch_specs(app, store, plan_text, plan, specs)
 
 

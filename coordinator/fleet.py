@@ -1,7 +1,9 @@
-"""The coordinator's side of the fleet: verify and store records, detect lost runs, finalize.
+"""The coordinator's side of the fleet: its tasks, verifying and storing records, lost runs.
 
-Finalization is driven by the store, never by a Redis chord: a host is finalized when every
-environment planned for it (every attempt) has a stored record or a lost mark.
+The tasks (queue ``coordinator``) are thin adapters: ``store_record`` and ``store_provenance``
+verify and store what a lab host sent; ``finalize_host`` calls ``coordinator.progress``'s plain
+function once every environment planned for a host (every attempt) has a stored record or a
+lost mark.
 """
 
 from __future__ import annotations
@@ -13,20 +15,33 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, Task
 from cryptography.exceptions import InvalidSignature
 from pydantic import ValidationError
 
+from coordinator.progress import (
+    LOST_FILE,
+    HostProgress,
+    finalize_host,
+    host_progress,
+    load_campaign,
+)
 from coordinator.registry import HostRegistry
-from coordinator.store import CAMPAIGN_FILE, Campaign, Store
-from tasks.app import COORDINATOR_QUEUE, DEFAULT_VISIBILITY_TIMEOUT_S, VISIBILITY_TIMEOUT_ENV
+from coordinator.store import Store
+from tasks.app import (
+    COORDINATOR_QUEUE,
+    DEFAULT_VISIBILITY_TIMEOUT_S,
+    TASK_FINALIZE,
+    TASK_PROVENANCE,
+    TASK_STORE,
+    VISIBILITY_TIMEOUT_ENV,
+)
+from tasks.broker import ALIVE_KEY, STARTED_KEY, redis_client
 from tasks.errors import HostKeyError, RecordRejected, StoreError
-from tasks.fleet import ALIVE_KEY, STARTED_KEY, TASK_FINALIZE, redis_client
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 from tasks.signing import canonical_json, fingerprint, public_key_from_b64, verify_record
 
@@ -34,14 +49,12 @@ log = logging.getLogger("sandbench.coordinator")
 
 DATA_ENV = "SANDBENCH_DATA"
 DEFAULT_DATA = ".data"
-LOST_FILE = "lost.jsonl"
 # Redis key templates of the coordinator.
 ACTIVE_CAMPAIGNS_KEY = "sandbench:campaigns"  # set of campaign ids still being watched
 REJECTED_KEY = "sandbench:rejected:{campaign}"  # list of JSON {key, host, reason}
 STORED_AT_KEY = "sandbench:stored-at:{campaign}"  # hash env key -> wall time the store took it
 FINALIZED_KEY = "sandbench:finalized:{campaign}"  # hash host -> fingerprint at finalization
 FINALIZE_QUEUED_KEY = "sandbench:finalize-queued:{campaign}"  # hash host -> fingerprint
-ENV_KEY = "{campaign}/{host}/{mode}/{workload}/{env_index}/{attempt}"  # EnvironmentRecord.key
 SWEEP_INTERVAL_S = 2.0
 # A started environment whose worker stopped beating is recorded lost only after its message
 # had time to come back (visibility timeout) and run again; this is extra grace on top.
@@ -59,101 +72,6 @@ def lost_after_s() -> float:
     """Seconds after its start at which a silent, unrecorded environment counts as lost."""
     visibility = int(os.environ.get(VISIBILITY_TIMEOUT_ENV) or DEFAULT_VISIBILITY_TIMEOUT_S)
     return visibility + float(os.environ.get(LOST_GRACE_ENV) or DEFAULT_LOST_GRACE_S)
-
-
-@dataclass
-class HostProgress:
-    """Planned versus received environments of one host in one campaign."""
-
-    host: str
-    planned: list[EnvironmentSpec]
-    received: set[str]  # keys of stored records
-    lost: dict[str, str] = field(default_factory=dict)  # env key -> reason
-    records: dict[str, EnvironmentRecord] = field(default_factory=dict)  # when parsed
-
-    def missing(self) -> list[EnvironmentSpec]:
-        """Planned environments with neither a record nor a lost mark, in run order."""
-        done = self.received | self.lost.keys()
-        return [s for s in self.planned if s.key() not in done]
-
-    def complete(self) -> bool:
-        """Whether every planned environment has an outcome."""
-        return bool(self.planned) and not self.missing()
-
-    def fingerprint(self) -> str:
-        """What finalization saw: records and lost marks counted (a change means finalize again)."""
-        planned = {s.key() for s in self.planned}
-        return f"{len(planned & self.received)}+{len(planned & self.lost.keys())}/{len(planned)}"
-
-
-_RECEIVED: dict[Path, tuple[int, set[str]]] = {}
-_RECEIVED_LOCK = threading.Lock()  # the task thread and the sweep thread share the index
-
-
-def received_keys(path: Path) -> set[str]:
-    """Keys of the records in ``path``, reading only what was appended since the last call."""
-    with _RECEIVED_LOCK:
-        return _received_keys(path)
-
-
-def _received_keys(path: Path) -> set[str]:
-    offset, keys = _RECEIVED.get(path, (0, set()))
-    size = path.stat().st_size if path.exists() else 0
-    if size < offset:  # replaced: start over
-        offset, keys = 0, set()
-    if size > offset:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            chunk = f.read(size - offset)
-        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits
-        for line in whole.splitlines():
-            if line.strip():
-                d = json.loads(line)  # plain JSON: a key needs no model validation
-                keys.add(ENV_KEY.format(**d))
-        offset += len(whole)
-    _RECEIVED[path] = (offset, keys)
-    return set(keys)
-
-
-def read_lost(path: Path) -> dict[str, str]:
-    """Lost marks of one host: environment key -> reason."""
-    if not path.exists():
-        return {}
-    lines = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-    return {d["key"]: d["reason"] for d in lines}
-
-
-_CAMPAIGNS: dict[tuple[str, str], tuple[float, Campaign]] = {}
-
-
-def load_campaign(store: Store, campaign: str) -> Campaign:
-    """``store.load_campaign``, parsed again only when campaign.json changed."""
-    path = store.campaign_dir(campaign) / CAMPAIGN_FILE
-    try:
-        mtime = path.stat().st_mtime_ns
-    except FileNotFoundError:
-        return store.load_campaign(campaign)  # raises the store's own error
-    slot = (str(store.root), campaign)
-    cached = _CAMPAIGNS.get(slot)
-    if cached is None or cached[0] != mtime:
-        cached = (mtime, store.load_campaign(campaign))
-        _CAMPAIGNS[slot] = cached
-    return cached[1]
-
-
-def host_progress(store: Store, campaign: str, host: str, *, parse: bool = False) -> HostProgress:
-    """Planned versus received environments of ``host`` in ``campaign``, from the store.
-
-    With ``parse`` every record is parsed (for status and finalization); otherwise only the
-    keys appended since the last look are read (cheap enough to run for every stored record).
-    """
-    planned = load_campaign(store, campaign).host_specs(host)
-    path = store.records_path(campaign, host)
-    records = {r.key(): r for r in store.records(campaign, host)} if parse else {}
-    received = set(records) if parse else received_keys(path)
-    lost = read_lost(store.host_dir(campaign, host) / LOST_FILE)
-    lost = {k: v for k, v in lost.items() if k not in received}
-    return HostProgress(host, planned, received, lost, records)
 
 
 class Coordinator:
@@ -247,23 +165,13 @@ class Coordinator:
         return True
 
     def finalize(self, campaign: str, host: str) -> dict[str, Any]:
-        """Re-apply the rule from the stored records and write the host's results and report."""
-        progress = host_progress(self.store, campaign, host, parse=True)
-        if not progress.complete():
-            return {"host": host, "finalized": False, "missing": len(progress.missing())}
-        from coordinator.policy import derive
-
-        violations = derive(list(progress.records.values()), progress.planned)
-        for v in violations:
-            log.warning("campaign %s host %s: %s", campaign, host, v)
-        write_results(self.store, campaign)
-        self.client.hset(FINALIZED_KEY.format(campaign=campaign), host, progress.fingerprint())
-        if self.all_finalized(campaign):
-            self.client.srem(ACTIVE_CAMPAIGNS_KEY, campaign)
-        log.info(
-            "campaign %s host %s finalized (%d environments)", campaign, host, len(progress.planned)
-        )
-        return {"host": host, "finalized": True, "violations": [str(v) for v in violations]}
+        """``finalize_host``, then mark the host finalized as it stands (and the campaign done)."""
+        result = finalize_host(self.store, campaign, host)
+        if result.complete:
+            self.client.hset(FINALIZED_KEY.format(campaign=campaign), host, result.fingerprint)
+            if self.all_finalized(campaign):
+                self.client.srem(ACTIVE_CAMPAIGNS_KEY, campaign)
+        return result.as_dict()
 
     def all_finalized(self, campaign: str) -> bool:
         """Whether every host of ``campaign`` is finalized as it stands."""
@@ -316,8 +224,20 @@ class Coordinator:
                 log.warning("sweep failed, retrying: %s", exc)
 
 
-def write_results(store: Store, campaign: str) -> None:
-    """Rebuild every host's results and the report from the raw records."""
-    from coordinator.report import write_report
+def register_tasks(app: Celery) -> None:
+    """Define the coordinator's tasks on ``app`` (the lab hosts' are sent by name)."""
 
-    write_report(store, campaign)
+    @app.task(name=TASK_STORE, bind=True)  # type: ignore[untyped-decorator]  # celery is untyped
+    def store_record(self: Task, record: dict[str, Any]) -> dict[str, Any]:
+        """Verify and store one record; finalize its host when every environment has one."""
+        return Coordinator.from_env(self.app).accept(record)
+
+    @app.task(name=TASK_PROVENANCE, bind=True)  # type: ignore[untyped-decorator]  # celery is untyped
+    def store_provenance(self: Task, envelope: dict[str, Any]) -> dict[str, Any]:
+        """Verify and store one host's provenance for a campaign."""
+        return Coordinator.from_env(self.app).accept_provenance(envelope)
+
+    @app.task(name=TASK_FINALIZE, bind=True)  # type: ignore[untyped-decorator]  # celery is untyped
+    def finalize(self: Task, campaign: str, host: str) -> dict[str, Any]:
+        """Re-apply the rule from the stored records and write one host's results."""
+        return Coordinator.from_env(self.app).finalize(campaign, host)

@@ -1,7 +1,8 @@
 """The embedded executor: one campaign on this machine, in-process, no broker.
 
-Same expansion, runner, records, signing, policy, analysis and report as the fleet; only the
-transport differs. Environments run one at a time in the host's seeded order. A stop request
+Same expansion, gate (``worker.gate.run_planned``), records, finalization, analysis and report
+as the fleet; only the transport differs, and the first-failure rule's evidence is the records
+this host already stored. Environments run one at a time in the host's seeded order. A stop request
 (Ctrl-C) lets the runner kill and clean up the running environment, which gets no record; a
 resumed campaign runs it again fresh and skips every environment already recorded.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,17 +27,14 @@ from rich.progress import (
 
 from coordinator.campaign import expand, new_campaign_id
 from coordinator.plan import Plan
-from coordinator.policy import not_run_record, rule_applies
 from coordinator.registry import HostRegistry
 from coordinator.store import Store
 from tasks.errors import SandbenchError, StoreError
-from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec
-from tasks.signing import HostKey, sign_record
-from worker.modes import HostInfo, Preflight, get_mode
-
-DEFAULT_WORK_ROOT = Path("/var/tmp/sandbench")
-
-Runner = Callable[..., EnvironmentRecord | None]
+from tasks.paths import DEFAULT_WORK_ROOT
+from tasks.records import EnvironmentRecord, EnvironmentSpec
+from tasks.signing import HostKey
+from worker.gate import HostState, RecordedFailures, run_planned
+from worker.modes import HostInfo, Preflight
 
 
 @dataclass
@@ -69,19 +66,6 @@ def start_campaign(store: Store, plan_text: str, plan: Plan, host: str, work_roo
     return store.create_campaign(plan_text, plan, specs)
 
 
-def preflight(spec: EnvironmentSpec, host: HostInfo) -> Preflight:
-    """The mode's preflight verdict on this host (cached by the runner)."""
-    try:
-        mode = get_mode(spec.mode, spec.mode_options)
-    except SandbenchError as exc:
-        return Preflight(False, str(exc))
-    try:
-        from worker.runner import preflight_of
-    except ImportError:  # runner not installed: ask the mode directly
-        return mode.preflight(host)
-    return preflight_of(mode, host, spec.mode_options)
-
-
 def host_provenance(store: Store, campaign_id: str, host: HostInfo) -> dict[str, Any]:
     """This host's provenance for a campaign (mode verdicts are added as they are known)."""
     from worker.provenance import collect
@@ -94,7 +78,7 @@ def host_provenance(store: Store, campaign_id: str, host: HostInfo) -> dict[str,
 
 
 class LocalExecutor:
-    """Runs one host's planned environments of a stored campaign in order."""
+    """Runs one host's planned environments of a stored campaign in order, through the gate."""
 
     def __init__(
         self,
@@ -103,13 +87,10 @@ class LocalExecutor:
         key: HostKey,
         work_root: Path,
         stop: threading.Event | None = None,
-        runner: Runner | None = None,
     ) -> None:
-        self.store, self.campaign_id, self.key = store, campaign_id, key
-        self.host = HostInfo(name=key.name, work_root=Path(work_root))
+        self.store, self.campaign_id = store, campaign_id
         self.stop = stop or threading.Event()
-        self.runner = runner
-        self.preflights: dict[str, Preflight] = {}
+        self.host = HostState(key, Path(work_root), on_verdict=self._keep_verdict)
         self.provenance: dict[str, Any] = {"modes": {}}
         campaign = store.load_campaign(campaign_id)
         if key.name not in campaign.hosts:
@@ -119,47 +100,38 @@ class LocalExecutor:
             )
         self.specs = campaign.host_specs(key.name)
         self.records = store.records(campaign_id, key.name)
+        self.failures = RecordedFailures(self.records)
 
-    def _preflight(self, spec: EnvironmentSpec) -> Preflight:
-        if spec.mode not in self.preflights:
-            self.preflights[spec.mode] = preflight(spec, self.host)
-            p = self.preflights[spec.mode]
-            self.provenance["modes"][spec.mode] = {"ok": p.ok, "reason": p.reason, **p.facts}
-            self.store.write_provenance(self.campaign_id, self.host.name, self.provenance)
-        return self.preflights[spec.mode]
+    def _keep_verdict(self, spec: EnvironmentSpec, verdict: Preflight) -> None:
+        """Add a mode's new preflight verdict to this host's provenance."""
+        entry = {"ok": verdict.ok, "reason": verdict.reason, **verdict.facts}
+        self.provenance["modes"][spec.mode] = entry
+        self.store.write_provenance(self.campaign_id, self.host.name, self.provenance)
 
     def execute(self, spec: EnvironmentSpec) -> EnvironmentRecord | None:
-        """The unsigned record of one environment: not-run, or the runner's (None if stopped)."""
-        verdict = self._preflight(spec)
-        if not verdict.ok:
-            return not_run_record(
-                spec, NOT_RUN_PREFLIGHT_PREFIX + (verdict.reason or "unavailable")
-            )
-        if rule_applies(self.records, spec):
-            return not_run_record(spec, NOT_RUN_RULE, "an earlier environment of this cell failed")
-        if self.runner is None:
-            from worker.runner import run_environment
-
-            return run_environment(spec, host=self.host, stop=self.stop)
-        return self.runner(spec, host=self.host, stop=self.stop)
+        """The signed record of one environment, from the gate (None if stopped mid-way)."""
+        return run_planned(spec, self.host, self.failures, stop=self.stop)
 
     def keep(self, record: EnvironmentRecord) -> None:
-        """Sign and store ``record``."""
-        signed = sign_record(record, self.key)
-        self.store.append_record(signed)
-        self.records.append(signed)
+        """Store a signed record."""
+        self.store.append_record(record)
+        self.records.append(record)
+
+    def _start_provenance(self) -> None:
+        """This host's provenance, keeping what a stopped run of this campaign already knew."""
+        earlier = self.store.provenance(self.campaign_id, self.host.name)
+        self.provenance = host_provenance(self.store, self.campaign_id, self.host.info())
+        self.provenance["modes"] = dict(earlier.get("modes", {}))
+        if earlier:
+            self.provenance["first_started"] = earlier.get("first_started", earlier.get("date"))
+        self.store.write_provenance(self.campaign_id, self.host.name, self.provenance)
 
     def run(self, console: Console | None = None, show_progress: bool = True) -> RunResult:
         """Run every environment without a record, in order, until done or asked to stop."""
         done = {r.key() for r in self.records}
         todo = [s for s in self.specs if s.key() not in done]
         result = RunResult(self.campaign_id, len(self.specs), len(self.specs) - len(todo))
-        earlier = self.store.provenance(self.campaign_id, self.host.name)  # a resumed campaign
-        self.provenance = host_provenance(self.store, self.campaign_id, self.host)
-        self.provenance["modes"] = dict(earlier.get("modes", {}))
-        if earlier:
-            self.provenance["first_started"] = earlier.get("first_started", earlier.get("date"))
-        self.store.write_provenance(self.campaign_id, self.host.name, self.provenance)
+        self._start_provenance()
         progress = _progress(console or Console(stderr=True), show_progress)
         with progress:
             task = progress.add_task(
@@ -172,7 +144,7 @@ class LocalExecutor:
                     task, description=f"{spec.mode} / {spec.workload} #{spec.env_index}"
                 )
                 record = self.execute(spec)
-                if record is None or self.stop.is_set() and record.outcome == "failed":
+                if record is None:
                     break  # stopped mid-environment: no record, a resume runs it again
                 self.keep(record)
                 result.recorded_now += 1
@@ -209,7 +181,6 @@ def run_campaign(
     stop: threading.Event | None = None,
     console: Console | None = None,
     show_progress: bool = True,
-    runner: Runner | None = None,
 ) -> RunResult:
     """Start (``plan``) or resume (``resume``) a campaign on this machine and run it."""
     if (plan is None) == (resume is None):
@@ -220,7 +191,7 @@ def run_campaign(
     else:
         assert plan is not None
         campaign_id = start_campaign(store, plan[0], plan[1], key.name, work_root)
-    executor = LocalExecutor(store, campaign_id, key, work_root, stop, runner)
+    executor = LocalExecutor(store, campaign_id, key, work_root, stop)
     started = time.monotonic()
     result = executor.run(console, show_progress)
     result.counts["elapsed_s"] = int(time.monotonic() - started)

@@ -1,15 +1,16 @@
-"""The first-failure rule: applied live before each environment, re-derived from records by verify.
+"""The first-failure rule re-derived from the records: by finalization and by ``verify``.
 
 After the first failed environment of a cell (in the cell's planned order), the remaining
 planned environments of that cell (same attempt) are not run; they get a ``not-run`` record
-with reason ``first-failure-rule``. Each attempt of a cell (a fleet rerun) is judged alone.
+with reason ``first-failure-rule``. Each attempt of a cell (a fleet rerun) is judged alone. The
+rule is applied live in one place, the gate (``worker.gate``); here it is only checked.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,25 +40,6 @@ class Violation:
 
 def _cell_attempt(item: EnvironmentRecord | EnvironmentSpec) -> CellAttempt:
     return (item.host, item.mode, item.workload, item.attempt)
-
-
-def rule_applies(records_so_far: Iterable[EnvironmentRecord], spec: EnvironmentSpec) -> bool:
-    """True when an earlier environment of ``spec``'s cell (same attempt) has failed."""
-    cell = _cell_attempt(spec)
-    return any(
-        r.outcome == "failed"
-        and r.campaign == spec.campaign
-        and _cell_attempt(r) == cell
-        and r.order_index < spec.order_index
-        for r in records_so_far
-    )
-
-
-def not_run_record(
-    spec: EnvironmentSpec, reason: str, detail: str | None = None
-) -> EnvironmentRecord:
-    """The (unsigned) ``not-run`` record of a planned environment."""
-    return EnvironmentRecord.from_spec(spec, outcome="not-run", reason=reason, detail=detail)
 
 
 def is_rule_not_run(record: EnvironmentRecord) -> bool:

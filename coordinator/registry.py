@@ -13,7 +13,8 @@ from typing import Any
 
 from tasks.errors import HostKeyError
 from tasks.names import check_name
-from tasks.signing import public_key_from_b64, sandbench_home
+from tasks.paths import sandbench_home
+from tasks.signing import public_key_from_b64
 
 REGISTRY_FILE = "hosts.json"
 

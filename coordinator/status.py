@@ -8,14 +8,10 @@ from typing import Any
 
 import redis
 
-from coordinator.fleet import (
-    FINALIZED_KEY,
-    REJECTED_KEY,
-    HostProgress,
-    host_progress,
-)
+from coordinator.fleet import FINALIZED_KEY, REJECTED_KEY
+from coordinator.progress import HostProgress, host_progress
 from coordinator.store import Store
-from tasks.fleet import ALIVE_KEY
+from tasks.broker import ALIVE_KEY
 
 
 @dataclass

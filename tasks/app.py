@@ -1,5 +1,9 @@
 """The Celery app of the fleet: broker and result backend from configuration, JSON only.
 
+Both sides build the same app and agree on the task and queue names here; each registers only
+its own tasks (``worker.fleet`` on a lab host, ``coordinator.fleet`` on the coordinator) and
+sends the other's by name.
+
 Every setting that shapes delivery is explicit here (see the design's "Celery facts"):
 late acks, reject on worker loss, prefetch 1 with prefetch disabled beyond the running
 task, an explicit visibility timeout, task events with ``task_send_sent_event`` so queued
@@ -12,6 +16,8 @@ import os
 from typing import Any
 
 from celery import Celery
+
+from tasks.records import EnvironmentSpec
 
 BROKER_ENV = "SANDBENCH_BROKER"
 DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
@@ -27,6 +33,12 @@ APP_NAME = "sandbench"
 COORDINATOR_QUEUE = "coordinator"
 HOST_QUEUE_PREFIX = "host."
 
+# Task names: ``run_environment`` runs on queue ``host.<name>``, the others on ``coordinator``.
+TASK_RUN = "run_environment"
+TASK_STORE = "store_record"
+TASK_PROVENANCE = "store_provenance"
+TASK_FINALIZE = "finalize_host"
+
 # A redis-server restart must not lose a record: publishing retries for about a minute.
 PUBLISH_RETRY_POLICY = {
     "max_retries": 120,
@@ -39,6 +51,12 @@ PUBLISH_RETRY_POLICY = {
 def host_queue(host: str) -> str:
     """The queue that only ``host``'s worker consumes."""
     return f"{HOST_QUEUE_PREFIX}{host}"
+
+
+def describe(spec: EnvironmentSpec) -> str:
+    """How Flower shows an environment: ``lab-a staged/publish #2``."""
+    suffix = f" attempt {spec.attempt}" if spec.attempt > 1 else ""
+    return f"{spec.host} {spec.mode}/{spec.workload} #{spec.env_index}{suffix}"
 
 
 def broker_url(explicit: str | None = None) -> str:
@@ -89,10 +107,7 @@ def celery_config(url: str) -> dict[str, Any]:
 
 
 def create_app(broker: str | None = None) -> Celery:
-    """A configured Celery app with the fleet's tasks registered."""
+    """A configured Celery app with no tasks registered (each side registers its own)."""
     app = Celery(APP_NAME, set_as_current=True)
     app.conf.update(celery_config(broker_url(broker)))
-    from tasks import fleet
-
-    fleet.register_tasks(app)
     return app

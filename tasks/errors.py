@@ -37,3 +37,7 @@ class HostKeyError(SandbenchError):
 
 class FleetError(SandbenchError):
     """The broker, a queue or a fleet task cannot be reached or found."""
+
+
+class SpecRefused(SandbenchError):
+    """A lab host refuses to run a spec (it names another host)."""

@@ -2,8 +2,8 @@
 
 A host's key lives in ``$SANDBENCH_HOME/host.key`` (PKCS#8 PEM, mode 0600) with the host
 name beside it in ``host.name``; the trusted registry of the coordinator is
-``$SANDBENCH_HOME/hosts.json`` (see ``coordinator.registry``). ``SANDBENCH_HOME`` defaults to
-``/var/lib/sandbench``.
+``$SANDBENCH_HOME/hosts.json`` (see ``coordinator.registry``; ``tasks.paths`` defines the
+home).
 
 What is signed: every field of the record except ``signature`` and ``superseded`` (the latter
 is derived by the coordinator from later attempts, never by the host), serialized by
@@ -18,7 +18,7 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -26,22 +26,25 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from tasks.errors import HostKeyError, RecordRejected
 from tasks.names import check_name
+from tasks.paths import sandbench_home
 from tasks.records import EnvironmentRecord, Signature
 
-if TYPE_CHECKING:
-    from coordinator.registry import HostRegistry
-
-HOME_ENV = "SANDBENCH_HOME"
-DEFAULT_HOME = Path("/var/lib/sandbench")
 KEY_FILE = "host.key"
 NAME_FILE = "host.name"
 UNSIGNED_FIELDS = ("signature", "superseded")
 FINGERPRINT_HEX = 16  # hex digits of the public key's SHA-256 in a key id
 
 
-def sandbench_home() -> Path:
-    """The directory holding this host's key and the trusted registry."""
-    return Path(os.environ.get(HOME_ENV) or DEFAULT_HOME)
+class TrustedKeys(Protocol):
+    """The hosts whose records are accepted (the coordinator's registry implements it)."""
+
+    def names(self) -> list[str]:
+        """Trusted host names."""
+        ...
+
+    def public_key(self, name: str) -> str:
+        """The base64 public key trusted for host ``name``."""
+        ...
 
 
 def default_key_path() -> Path:
@@ -172,7 +175,7 @@ def sign_record(record: EnvironmentRecord, key: HostKey) -> EnvironmentRecord:
 
 
 def verify_record(
-    record: EnvironmentRecord, registry: HostRegistry, campaign: str | None = None
+    record: EnvironmentRecord, registry: TrustedKeys, campaign: str | None = None
 ) -> None:
     """Raise ``RecordRejected`` unless ``record`` is signed by its own, registered host."""
     where = record.key()

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from coordinator.store import Store
-from tasks.app import create_app
-from tasks.fleet import TASK_STORE
+from tasks.app import TASK_STORE, create_app
 from tasks.records import EnvironmentRecord
 from tasks.signing import HostKey, sign_record
 from tests.fleet_helpers import (

@@ -1,9 +1,11 @@
-"""The first-failure rule, applied live and re-derived from records."""
+"""The first-failure rule, applied live by the gate and re-derived from records."""
 
 from __future__ import annotations
 
-from coordinator.policy import derive, not_run_record, rule_applies
+from coordinator.policy import derive
 from tasks.records import NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec, failed_fields
+from worker.gate import RecordedFailures
+from worker.gate import not_run as not_run_record
 
 CID = "c-20261129-ab12"
 
@@ -31,6 +33,11 @@ def _failed(spec: EnvironmentSpec) -> EnvironmentRecord:
     return EnvironmentRecord.from_spec(spec, **failed_fields("oracle-mismatch"))
 
 
+def rule_applies(records: list[EnvironmentRecord], spec: EnvironmentSpec) -> bool:
+    """The gate's verdict for ``spec`` given the stored ``records``."""
+    return RecordedFailures(records).failed_before(spec)
+
+
 def test_rule_applies_only_after_an_earlier_failure_of_the_same_cell() -> None:
     """Only an earlier failure of the same cell and attempt stops a later environment."""
     a, b, c = _cell()  # run order: b (1), a (4), c (7)
@@ -40,6 +47,17 @@ def test_rule_applies_only_after_an_earlier_failure_of_the_same_cell() -> None:
     assert not rule_applies([_failed(other[1])], a)
     assert not rule_applies([_failed(c)], a)  # c comes later in the planned order
     assert not rule_applies([_failed(b)], a.model_copy(update={"attempt": 2}))
+    assert not rule_applies([_failed(b)], a.model_copy(update={"campaign": "c-other"}))
+
+
+def test_marked_failures_count_from_the_earliest() -> None:
+    """A failure noted later but planned earlier moves the cell's first failure forward."""
+    a, b, c = _cell()  # run order: b (1), a (4), c (7)
+    failures = RecordedFailures([_passed(b)])
+    failures.mark_failed(c)
+    assert not failures.failed_before(a) and not failures.failed_before(c)
+    failures.mark_failed(b)
+    assert failures.failed_before(a) and failures.failed_before(c)
 
 
 def test_derive_accepts_a_correct_history() -> None:

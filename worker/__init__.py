@@ -1,1 +1,1 @@
-"""The host side of one environment: runner, modes, cgroup quota, preflight, host facts."""
+"""The host side: the gate, the runner, modes, cgroup quota, host facts and the fleet task."""

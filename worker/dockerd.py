@@ -1,7 +1,7 @@
 """The worker's private Docker daemon: own socket, data root, exec root and pid file.
 
 sandbench never talks to the system's default daemon. Its daemon lives in a state directory
-(``$SANDBENCH_DOCKER_DIR``, else ``$SANDBENCH_HOME/docker``, else ``/var/lib/sandbench/docker``)::
+(``$SANDBENCH_DOCKER_DIR``, else ``docker/`` in the sandbench home, see ``tasks.paths``)::
 
     docker.sock  dockerd.pid  dockerd.log  daemon.json  lock  users.lock  on-demand
     data/  exec/  client/
@@ -32,10 +32,10 @@ from typing import Any
 import psutil
 
 from tasks.errors import ModeUnavailable
+from tasks.paths import sandbench_home
 
-DEFAULT_STATE_DIR = Path("/var/lib/sandbench/docker")
 STATE_DIR_ENV = "SANDBENCH_DOCKER_DIR"
-HOME_ENV = "SANDBENCH_HOME"
+STATE_SUBDIR = "docker"  # under $SANDBENCH_HOME
 DOCKERD_ENV = "SANDBENCH_DOCKERD"
 DOCKER_ENV = "SANDBENCH_DOCKER"
 DEFAULT_DOCKERD = "/usr/sbin/dockerd"
@@ -91,9 +91,7 @@ def default_state_dir() -> Path:
     """The state directory named by the environment, else the default."""
     if os.environ.get(STATE_DIR_ENV):
         return Path(os.environ[STATE_DIR_ENV])
-    if os.environ.get(HOME_ENV):
-        return Path(os.environ[HOME_ENV]) / "docker"
-    return DEFAULT_STATE_DIR
+    return sandbench_home() / STATE_SUBDIR
 
 
 def default_docker_client() -> str:

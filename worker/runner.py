@@ -15,7 +15,7 @@ it ``no-space``. The limit reached before the ready line is ``no-ready`` (the st
 completed); after it, ``timeout``. A launcher that cannot be spawned, or a shell template that
 exits 126/127 before Ready, is ``launcher-error``. Only completed rounds are recorded, so a
 failure never shows a round time of zero. The runner does not gate on the mode's preflight
-(the campaign does); it records the preflight's verdict and facts in ``provenance``.
+(``worker.gate`` does); it records the preflight's verdict and facts in ``provenance``.
 """
 
 from __future__ import annotations
@@ -70,15 +70,24 @@ class Stopped(Exception):
 
 
 def run_environment(
-    spec: EnvironmentSpec, *, host: HostInfo | None = None, stop: threading.Event | None = None
+    spec: EnvironmentSpec,
+    *,
+    host: HostInfo | None = None,
+    stop: threading.Event | None = None,
+    preflight: Preflight | None = None,
 ) -> EnvironmentRecord | None:
-    """Run one environment of ``spec`` and return its unsigned record (None if stopped)."""
+    """Run one environment of ``spec`` and return its unsigned record (None if stopped).
+
+    ``preflight`` is the mode's verdict the caller already has (else it is asked here).
+    """
     from workloads.registry import get_workload
 
     mode = get_mode(spec.mode, spec.mode_options)
     workload = get_workload(spec.workload)
     workload.check_rounds(spec.rounds)  # bad input: more rounds than fixtures prepare
-    run = _Run(spec, mode, host or HostInfo(), stop)
+    host = host or HostInfo()
+    verdict = preflight or preflight_of(mode, host, spec.mode_options)
+    run = _Run(spec, mode, host, stop, verdict)
     try:
         failure = run.execute(workload)
     except Stopped:
@@ -108,9 +117,15 @@ class _Run:
     """The state of one environment while it runs."""
 
     def __init__(
-        self, spec: EnvironmentSpec, mode: Mode, host: HostInfo, stop: threading.Event | None
+        self,
+        spec: EnvironmentSpec,
+        mode: Mode,
+        host: HostInfo,
+        stop: threading.Event | None,
+        preflight: Preflight,
     ) -> None:
         self.spec, self.mode, self.host, self.stop = spec, mode, host, stop
+        self.preflight = preflight
         self.work_root = Path(spec.work_root).resolve()
         self.fields: dict[str, Any] = {"rounds": []}
         self.cgroup: cgroups.Cgroup | None = None
@@ -126,8 +141,7 @@ class _Run:
     def execute(self, workload: Any) -> Failed | None:
         """Prepare, launch, drive, check: the first failure (classified), or None if passed."""
         self.fields["started_at"] = utc_now()
-        preflight = preflight_of(self.mode, self.host, self.spec.mode_options)
-        self.fields["provenance"] = self._provenance(preflight)
+        self.fields["provenance"] = self._provenance(self.preflight)
         try:
             self._check_stop()
             self._prepare()

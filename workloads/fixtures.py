@@ -12,16 +12,17 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tasks.errors import WorkloadError
+from tasks.paths import DEFAULT_WORK_ROOT
 from workloads import oracle
 
 # Bump when a fixture builder changes, so a host's default cache never serves stale fixtures.
 FIXTURE_VERSION = 1
-DEFAULT_CACHE = Path("/var/tmp/sandbench/fixtures") / f"v{FIXTURE_VERSION}"
+DEFAULT_CACHE = DEFAULT_WORK_ROOT / "fixtures" / f"v{FIXTURE_VERSION}"
 CACHE_ENV = "SANDBENCH_FIXTURE_CACHE"
 
 
 def default_cache() -> Path:
-    """The host's fixture cache (``$SANDBENCH_FIXTURE_CACHE`` or /var/tmp/sandbench/fixtures/vN)."""
+    """The fixture cache: ``$SANDBENCH_FIXTURE_CACHE``, else ``fixtures/vN`` in the work root."""
     return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
 
 

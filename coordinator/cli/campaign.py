@@ -18,7 +18,7 @@ from rich.table import Table
 
 from coordinator.analysis import Analysis, HostTables
 from coordinator.campaign import describe
-from coordinator.local import DEFAULT_WORK_ROOT, run_campaign, summary_line
+from coordinator.local import run_campaign, summary_line
 from coordinator.plan import (
     PRESETS,
     Plan,
@@ -29,11 +29,13 @@ from coordinator.plan import (
     preset,
 )
 from coordinator.policy import verify_campaign
+from coordinator.progress import finalize_host
 from coordinator.registry import HostRegistry
 from coordinator.report import TASK_UNIT, cell_table, startup_table, write_report
 from coordinator.report import Table as ReportTable
 from coordinator.store import Store
 from tasks.errors import PlanError
+from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.signing import HostKey
 
 EXIT_CHECK_FAILED = 1
@@ -163,7 +165,7 @@ def run_command(
     out = Console(width=160) if not sys.stdout.isatty() else Console()
     if result.complete:
         problems, _ = verify_and_mark(store, result.campaign_id, HostRegistry(registry_path))
-        paths = write_report(store, result.campaign_id)
+        paths = finalize_host(store, result.campaign_id, key.name).report  # shows the verdict
         if as_json:
             for record in store.records(result.campaign_id):
                 click.echo(json.dumps(record.to_json_dict(), sort_keys=True))

@@ -32,7 +32,7 @@ def _store(data: Path):  # type: ignore[no-untyped-def]  # coordinator.store imp
     return Store(data)
 
 
-def _app(broker: str | None):  # type: ignore[no-untyped-def]
+def _app(broker: str | None):  # type: ignore[no-untyped-def]  # celery is untyped
     from tasks.app import create_app
 
     return create_app(broker)
@@ -73,8 +73,8 @@ def dispatch_cmd(
 def worker_cmd(host: str, broker: str | None, work_root: Path | None, loglevel: str) -> None:
     """Run this host's Celery worker: its own queue only, one environment at a time."""
     from tasks.app import host_queue
-    from tasks.fleet import HOST_ENV, WORK_ROOT_ENV
     from tasks.signing import HostKey, default_key_path
+    from worker.fleet import HOST_ENV, WORK_ROOT_ENV, register_tasks
 
     key = HostKey.load_or_create(default_key_path(), name=check_name(host, "--host"))
     click.echo(
@@ -85,7 +85,9 @@ def worker_cmd(host: str, broker: str | None, work_root: Path | None, loglevel: 
     if work_root is not None:
         work_root.mkdir(parents=True, exist_ok=True)
         os.environ[WORK_ROOT_ENV] = str(work_root.resolve())
-    _app(broker).worker_main(
+    app = _app(broker)
+    register_tasks(app)
+    app.worker_main(
         [
             "worker",
             "-Q",
@@ -110,12 +112,13 @@ def worker_cmd(host: str, broker: str | None, work_root: Path | None, loglevel: 
 @click.option("--loglevel", default="INFO")
 def coordinator_cmd(broker: str | None, data: Path, loglevel: str) -> None:
     """Run the coordinator: verify and store records, record lost runs, finalize hosts."""
-    from coordinator.fleet import DATA_ENV, Coordinator
+    from coordinator.fleet import DATA_ENV, Coordinator, register_tasks
     from tasks.app import COORDINATOR_QUEUE
 
     data.mkdir(parents=True, exist_ok=True)
     os.environ[DATA_ENV] = str(data.resolve())
     app = _app(broker)
+    register_tasks(app)
     stop = threading.Event()
     watcher = threading.Thread(target=Coordinator.from_env(app).watch, args=(stop,), daemon=True)
     watcher.start()

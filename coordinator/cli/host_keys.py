@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from coordinator.registry import HostRegistry
-from tasks.signing import KEY_FILE, HostKey, sandbench_home
+from tasks.paths import sandbench_home
+from tasks.signing import KEY_FILE, HostKey
 
 REGISTRY_FILE = "hosts.json"
 

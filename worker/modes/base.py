@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.records import EnvironmentSpec
 
 # One interpreter for the payload in every mode, so differences come from the mode.
@@ -28,7 +29,7 @@ class HostInfo:
     """Facts about this host that preflights need."""
 
     name: str = "local"
-    work_root: Path = Path("/var/tmp/sandbench")
+    work_root: Path = DEFAULT_WORK_ROOT
 
 
 @dataclass

@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tasks.errors import ModeUnavailable
+from tasks.paths import sandbench_home
 from worker.vm import initramfs, kernel
 
-DEFAULT_HOME = Path("/var/lib/sandbench")
 MANIFEST = "guest.json"
 INIT_SHA_KEY = "init_sha256"
 V2HOST_SHA_KEY = "v2host_init_sha256"
@@ -23,7 +23,7 @@ def vm_home() -> Path:
     """Where the prepared guest lives: ``$SANDBENCH_VM_HOME``, else ``$SANDBENCH_HOME/vm``."""
     if os.environ.get("SANDBENCH_VM_HOME"):
         return Path(os.environ["SANDBENCH_VM_HOME"])
-    return Path(os.environ.get("SANDBENCH_HOME", str(DEFAULT_HOME))) / "vm"
+    return sandbench_home() / "vm"
 
 
 @dataclass(frozen=True)

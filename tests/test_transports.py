@@ -1,0 +1,98 @@
+"""One gate, two transports: the same specs give the same records locally and in a real fleet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from coordinator.campaign import expand
+from coordinator.dispatch import dispatch_specs
+from coordinator.local import LocalExecutor
+from coordinator.plan import parse_plan
+from coordinator.policy import verify_campaign
+from coordinator.registry import HostRegistry
+from coordinator.store import Store
+from tasks.app import create_app
+from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE
+from tests.fleet_helpers import Fleet, make_fleet, wait_finished
+
+pytestmark = pytest.mark.fleet
+__all__ = ["make_fleet"]  # the fixture
+
+HOSTS = ["lab-a", "lab-b"]
+CAMPAIGN = "c-20261201-7a11"
+# A passing mode, a mode that fails at startup (first-failure rule) and one whose preflight fails.
+PLAN = """
+name = "transports"
+seed = 11
+scale = 0.02
+environments = 2
+rounds = 2
+limit_s = 30
+workloads = ["publish", "seq-write"]
+modes = [
+  "native",
+  { name = "always-fails", template = ["/bin/false", "{payload_argv}"] },
+  { name = "absent", template = ["/nonexistent/sandbox-runtime", "{payload_argv}"] },
+]
+[quota]
+memory = "1GiB"
+"""
+# Measured on each run, or signed per record: never equal between two runs of the same spec.
+MEASURED = ("started_at", "ready_ms", "cpu_s", "peak_memory_bytes", "signature")
+PER_TRANSPORT = ("fleet",)  # the fleet's own timing and redelivery counts
+
+
+def comparable(record: dict[str, Any]) -> dict[str, Any]:
+    """A record without its measurements, signature and per-transport fields."""
+    out = {k: v for k, v in record.items() if k not in MEASURED + PER_TRANSPORT}
+    out["rounds"] = [{k: v for k, v in r.items() if k != "task_s"} for r in record["rounds"]]
+    return out
+
+
+def run_locally(fleet: Fleet, store: Store) -> None:
+    """Each host's environments through the embedded executor, with that host's key and root."""
+    for name in HOSTS:
+        host = fleet.hosts[name]
+        result = LocalExecutor(store, CAMPAIGN, host.key, host.work_root).run(show_progress=False)
+        assert result.complete, result
+
+
+def records_by_key(store: Store) -> dict[str, dict[str, Any]]:
+    """Every stored record of the campaign as JSON, by environment key."""
+    return {r.key(): r.to_json_dict() for r in store.records(CAMPAIGN)}
+
+
+def test_local_and_fleet_records_are_identical_but_for_timings(make_fleet: Any) -> None:
+    """One plan run embedded and through a two-worker fleet: equal records, both verified."""
+    fleet = make_fleet(HOSTS)
+    fleet.register_hosts()
+    for name in HOSTS:
+        fleet.start_worker(name)
+    fleet.start_coordinator()
+    plan = parse_plan(PLAN)
+    specs = expand(plan, HOSTS, CAMPAIGN, str(fleet.root / "planned-work-root"))
+    local = Store(fleet.root / "local-data")
+    local.create_campaign(PLAN, plan, specs)
+    run_locally(fleet, local)
+    app = create_app(fleet.redis.url())
+    try:
+        dispatch_specs(app, Store(fleet.data), PLAN, plan, specs)
+    finally:
+        app.close()
+    wait_finished(fleet, CAMPAIGN)
+    embedded, fleet_records = records_by_key(local), records_by_key(Store(fleet.data))
+    assert sorted(embedded) == sorted(fleet_records) == sorted(s.key() for s in specs)
+    for key, record in embedded.items():
+        assert comparable(record) == comparable(fleet_records[key]), key
+        assert "fleet" in fleet_records[key] and "fleet" not in record
+    reasons = {(r["mode"], r["outcome"], r["reason"]) for r in fleet_records.values()}
+    assert ("native", "passed", None) in reasons
+    assert ("always-fails", "failed", "no-ready") in reasons
+    assert ("always-fails", "not-run", NOT_RUN_RULE) in reasons
+    absent = {r["reason"] for r in fleet_records.values() if r["mode"] == "absent"}
+    assert len(absent) == 1 and absent.pop().startswith(NOT_RUN_PREFLIGHT_PREFIX)
+    registry = HostRegistry(fleet.coordinator_home / "hosts.json")
+    assert verify_campaign(local, CAMPAIGN, registry) == []
+    assert verify_campaign(Store(fleet.data), CAMPAIGN, registry) == []

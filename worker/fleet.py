@@ -1,0 +1,211 @@
+"""A lab host's side of the fleet: the ``run_environment`` task and its bookkeeping in Redis.
+
+The task is a thin adapter around ``worker.gate.run_planned``: it claims the delivery (an
+environment already handed over is a duplicate; one started before and lost runs again fresh),
+keeps the attempt's alive key beating while the gate runs, hands the signed record to the
+coordinator's ``store_record`` task by name, and sends this host's signed provenance once per
+campaign. The first-failure rule's evidence is a flag per cell attempt in Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery, Task
+
+from tasks.app import COORDINATOR_QUEUE, TASK_PROVENANCE, TASK_RUN, TASK_STORE
+from tasks.broker import (
+    ALIVE_KEY,
+    ALIVE_REFRESH_S,
+    ALIVE_TTL_S,
+    CELL_FAILED_KEY,
+    DONE_KEY,
+    LOST_RUNS_KEY,
+    MARK_TTL_S,
+    PROVENANCE_KEY,
+    STARTED_KEY,
+    redis_client,
+)
+from tasks.errors import FleetError
+from tasks.records import EnvironmentSpec
+from tasks.signing import HostKey, canonical_json, default_key_path
+from worker.gate import HostState, Span, admit, rule_applies, run_planned
+
+log = logging.getLogger(__name__)
+
+HOST_ENV = "SANDBENCH_HOST"  # set by ``sandbench worker --host``
+WORK_ROOT_ENV = "SANDBENCH_WORK_ROOT"  # set by ``sandbench worker --work-root``
+SUMMARY_FIELDS = ("host", "mode", "workload", "env_index", "attempt", "outcome", "reason")
+
+_CLIENTS: dict[tuple[int, str], redis.Redis] = {}
+_HOSTS: dict[tuple[str, str], HostState] = {}
+
+
+def process_client(url: str) -> redis.Redis:
+    """This process's Redis client for ``url`` (a forked pool child gets its own)."""
+    slot = (os.getpid(), url)
+    if slot not in _CLIENTS:
+        _CLIENTS[slot] = redis_client(url)
+    return _CLIENTS[slot]
+
+
+def host_state(spec: EnvironmentSpec) -> HostState:
+    """This process's state of the host it serves (name and work root from ``sandbench worker``)."""
+    name = os.environ.get(HOST_ENV, spec.host)
+    work_root = Path(os.environ.get(WORK_ROOT_ENV, spec.work_root))
+    slot = (name, str(work_root))
+    if slot not in _HOSTS:
+        key = HostKey.load_or_create(default_key_path(), name=name)
+        _HOSTS[slot] = HostState(key, work_root)
+    return _HOSTS[slot]
+
+
+def cell_failed_key(spec: EnvironmentSpec) -> str:
+    """Redis key of the first-failure flag of ``spec``'s cell in ``spec``'s attempt."""
+    return CELL_FAILED_KEY.format(
+        campaign=spec.campaign,
+        host=spec.host,
+        mode=spec.mode,
+        workload=spec.workload,
+        attempt=spec.attempt,
+    )
+
+
+class RedisFailures:
+    """The rule's evidence on the broker: each cell attempt's earliest failed order index."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def failed_before(self, spec: EnvironmentSpec) -> bool:
+        """Whether an environment planned before ``spec`` in its cell attempt has failed."""
+        failed_at = self.client.get(cell_failed_key(spec))
+        return rule_applies(None if failed_at is None else int(failed_at), spec)
+
+    def mark_failed(self, spec: EnvironmentSpec) -> None:
+        """Raise the cell's flag at ``spec``'s order index (the earliest failure wins)."""
+        key = cell_failed_key(spec)
+        if not self.client.set(key, spec.order_index, nx=True, ex=MARK_TTL_S):
+            current = self.client.get(key)
+            if current is not None and int(current) > spec.order_index:
+                self.client.set(key, spec.order_index, ex=MARK_TTL_S)
+
+
+class _Heartbeat:
+    """Keeps an attempt's alive key fresh from a thread while the environment runs."""
+
+    def __init__(self, client: redis.Redis, key: str) -> None:
+        self._client, self._key = client, ALIVE_KEY.format(key=key)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self) -> None:
+        while True:
+            try:
+                self._client.set(self._key, "1", ex=ALIVE_TTL_S)
+            except redis.RedisError:  # the broker is restarting; the next beat retries
+                log.warning("heartbeat for %s missed", self._key)
+            if self._stop.wait(ALIVE_REFRESH_S):
+                return
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._client.delete(self._key)
+
+
+def claim_attempt(client: redis.Redis, spec: EnvironmentSpec) -> int | None:
+    """How many earlier deliveries of ``spec`` were lost, or ``None`` when it is already done.
+
+    A delivery whose environment was started before but never handed over is a redelivery
+    after a lost worker: the environment runs again fresh under the same idempotency key, so
+    it is still recorded exactly once (the record says how many runs were lost).
+    """
+    key = spec.key()
+    if client.exists(DONE_KEY.format(key=key)):
+        return None
+    if client.set(STARTED_KEY.format(key=key), str(time.time()), nx=True, ex=MARK_TTL_S):
+        return 0
+    lost = int(client.incr(LOST_RUNS_KEY.format(key=key)))
+    log.warning(
+        "environment %s was started before and lost %d time(s); running it again", key, lost
+    )
+    return lost
+
+
+def execute(client: redis.Redis, spec: EnvironmentSpec, sent_at: float | None) -> dict[str, Any]:
+    """Run one delivered environment through the gate; its signed record as JSON.
+
+    A delivery of an environment already handed over gives ``{"duplicate": key}``.
+    """
+    host = host_state(spec)
+    admit(spec, host)
+    received = time.time()
+    lost_runs = claim_attempt(client, spec)
+    if lost_runs is None:
+        return {"duplicate": spec.key()}
+
+    def fleet_fields(span: Span) -> dict[str, Any]:
+        timing = {"sent_at": sent_at, "received_at": received, "runner_start": span.started}
+        return {"fleet": {**timing, "runner_end": span.ended, "lost_runs": lost_runs}}
+
+    with _Heartbeat(client, spec.key()):
+        record = run_planned(spec, host, RedisFailures(client), annotate=fleet_fields)
+    if record is None:
+        raise FleetError(f"environment {spec.key()} was stopped before it finished")
+    return record.to_json_dict()
+
+
+def provenance_envelope(spec: EnvironmentSpec, host: HostState) -> dict[str, Any]:
+    """This host's provenance for ``spec``'s campaign, signed with the host key."""
+    from worker.provenance import collect
+
+    facts = collect(host.name, host.work_root, campaign=spec.campaign, seed=spec.seed,
+                    cohort=spec.cohort, quota=spec.quota.model_dump(mode="json"))  # fmt: skip
+    body = {"campaign": spec.campaign, "host": host.name, "facts": facts}
+    return {**body, "key_id": host.key.key_id, "ed25519": host.key.sign(canonical_json(body))}
+
+
+def send_provenance_once(app: Celery, client: redis.Redis, spec: EnvironmentSpec) -> None:
+    """After a campaign's first environment on this host, send the host's provenance."""
+    marker = PROVENANCE_KEY.format(campaign=spec.campaign, host=spec.host)
+    if not client.set(marker, "1", nx=True, ex=MARK_TTL_S):
+        return
+    envelope = provenance_envelope(spec, host_state(spec))
+    app.send_task(TASK_PROVENANCE, args=[envelope], queue=COORDINATOR_QUEUE,
+                  argsrepr=f"{spec.host} {spec.campaign}")  # fmt: skip
+
+
+def hand_over(
+    app: Celery, client: redis.Redis, spec: EnvironmentSpec, record: dict[str, Any]
+) -> None:
+    """Send ``spec``'s signed record to the coordinator and mark the environment done."""
+    shown = f"{spec.host} {spec.mode}/{spec.workload} #{spec.env_index} attempt {spec.attempt}"
+    app.send_task(TASK_STORE, args=[record], queue=COORDINATOR_QUEUE, argsrepr=shown)
+    client.set(DONE_KEY.format(key=spec.key()), "1", ex=MARK_TTL_S)
+
+
+def register_tasks(app: Celery) -> None:
+    """Define the lab host's task on ``app`` (the coordinator's are sent by name)."""
+
+    @app.task(name=TASK_RUN, bind=True)  # type: ignore[untyped-decorator]  # celery is untyped
+    def run_environment(self: Task, spec: dict[str, Any], sent_at: float | None = None) -> Any:
+        """Run one environment on this host and hand its signed record to the coordinator."""
+        client = process_client(self.app.conf.broker_url)
+        planned = EnvironmentSpec.model_validate(spec)
+        record = execute(client, planned, sent_at)
+        if "duplicate" in record:
+            return record
+        hand_over(self.app, client, planned, record)
+        send_provenance_once(self.app, client, planned)
+        return {k: record[k] for k in SUMMARY_FIELDS}

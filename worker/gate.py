@@ -1,0 +1,193 @@
+"""The gate: one planned environment to one signed record, the same in both transports.
+
+``run_planned`` is all a transport calls. In order: the spec must be for this host; the mode's
+preflight verdict (asked once per campaign and mode on this host) must be ok, else the record is
+``not-run`` with reason ``preflight: <why>`` and nothing runs; no environment planned earlier in
+the cell (same attempt) may have failed, else it is ``not-run`` under the first-failure rule;
+then the runner, where a harness error becomes a failed record rather than a lost environment;
+a failure becomes evidence for the rule; the record is signed with the host key.
+
+The transports differ only in where the rule's evidence lives (``CellFailures``): the fleet
+keeps a flag per cell in Redis (``worker.fleet``), the embedded executor the records it stored
+(``RecordedFailures``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from tasks.errors import SandbenchError, SpecRefused
+from tasks.records import (
+    NOT_RUN_PREFLIGHT_PREFIX,
+    NOT_RUN_RULE,
+    EnvironmentRecord,
+    EnvironmentSpec,
+    failed_fields,
+)
+from tasks.signing import HostKey, sign_record
+from worker.modes import HostInfo, Preflight, get_mode
+from worker.runner import run_environment
+
+log = logging.getLogger(__name__)
+
+RULE_DETAIL = "an earlier environment of this cell failed"
+CellAttempt = tuple[str, str, str, str, int]  # campaign, host, mode, workload, attempt
+
+
+def cell_attempt(item: EnvironmentSpec | EnvironmentRecord) -> CellAttempt:
+    """The cell attempt an environment belongs to: the unit the first-failure rule judges."""
+    return (item.campaign, item.host, item.mode, item.workload, item.attempt)
+
+
+def rule_applies(first_failed: int | None, spec: EnvironmentSpec) -> bool:
+    """Whether the cell's first failure (its planned order index, if any) came before ``spec``."""
+    return first_failed is not None and first_failed < spec.order_index
+
+
+class CellFailures(Protocol):
+    """Evidence for the first-failure rule: the earliest failed environment of each cell attempt."""
+
+    def failed_before(self, spec: EnvironmentSpec) -> bool:
+        """Whether an environment planned before ``spec`` in its cell attempt has failed."""
+        ...
+
+    def mark_failed(self, spec: EnvironmentSpec) -> None:
+        """Note that ``spec``'s environment failed."""
+        ...
+
+
+class RecordedFailures:
+    """The rule's evidence in memory, seeded from the records already stored."""
+
+    def __init__(self, records: Iterable[EnvironmentRecord] = ()) -> None:
+        self._first: dict[CellAttempt, int] = {}
+        for record in records:
+            if record.outcome == "failed":
+                self._note(cell_attempt(record), record.order_index)
+
+    def failed_before(self, spec: EnvironmentSpec) -> bool:
+        """Whether an environment planned before ``spec`` in its cell attempt has failed."""
+        return rule_applies(self._first.get(cell_attempt(spec)), spec)
+
+    def mark_failed(self, spec: EnvironmentSpec) -> None:
+        """Note that ``spec``'s environment failed."""
+        self._note(cell_attempt(spec), spec.order_index)
+
+    def _note(self, cell: CellAttempt, order_index: int) -> None:
+        self._first[cell] = min(order_index, self._first.get(cell, order_index))
+
+
+VerdictHook = Callable[[EnvironmentSpec, Preflight], None]
+
+
+@dataclass
+class HostState:
+    """This host as the gate sees it: its key (and so its name), work root and mode verdicts."""
+
+    key: HostKey
+    work_root: Path
+    on_verdict: VerdictHook | None = None  # told each new verdict (the provenance keeps them)
+    verdicts: dict[tuple[str, str, str], Preflight] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """This host's name: the one its key signs for."""
+        return self.key.name
+
+    def info(self) -> HostInfo:
+        """What a mode's preflight and the runner know about this host."""
+        return HostInfo(name=self.name, work_root=self.work_root)
+
+    def preflight(self, spec: EnvironmentSpec) -> Preflight:
+        """``spec``'s mode's verdict on this host, asked once per campaign and mode."""
+        options = json.dumps(spec.mode_options, sort_keys=True, default=str)
+        slot = (spec.campaign, spec.mode, options)
+        if slot not in self.verdicts:
+            self.verdicts[slot] = ask_preflight(spec, self.info())
+            if self.on_verdict is not None:
+                self.on_verdict(spec, self.verdicts[slot])
+        return self.verdicts[slot]
+
+
+def ask_preflight(spec: EnvironmentSpec, host: HostInfo) -> Preflight:
+    """The mode's own verdict; a mode that cannot load, or whose check raises, is not ok."""
+    try:
+        return get_mode(spec.mode, spec.mode_options).preflight(host)
+    except SandbenchError as exc:  # unknown mode, bad options: the message says what to fix
+        return Preflight(False, str(exc))
+    except Exception as exc:  # noqa: BLE001 -- a check that crashes cannot vouch for the mode
+        log.exception("preflight of mode %s raised", spec.mode)
+        return Preflight(False, f"preflight error: {type(exc).__name__}: {exc}")
+
+
+@dataclass(frozen=True)
+class Span:
+    """Wall-clock start and end (epoch seconds) of the gate's work on one environment."""
+
+    started: float
+    ended: float
+
+
+Annotate = Callable[[Span], dict[str, Any]]
+
+
+def run_planned(
+    spec: EnvironmentSpec,
+    host: HostState,
+    failures: CellFailures,
+    *,
+    stop: threading.Event | None = None,
+    annotate: Annotate | None = None,
+) -> EnvironmentRecord | None:
+    """The signed record of one planned environment of this host; None if stopped mid-way.
+
+    ``annotate`` adds the transport's own fields (signed with the record); a stopped
+    environment has no record, so a resume or a redelivery runs it again fresh.
+    """
+    admit(spec, host)
+    spec = spec.model_copy(update={"work_root": str(host.work_root)})
+    started = time.time()
+    record = _decide(spec, host, failures, stop)
+    if record is None or (stop is not None and stop.is_set() and record.outcome == "failed"):
+        return None
+    if record.outcome == "failed":
+        failures.mark_failed(spec)
+    if annotate is not None:
+        extra = annotate(Span(started, time.time()))
+        record = EnvironmentRecord.model_validate({**record.to_json_dict(), **extra})
+    return sign_record(record, host.key)
+
+
+def admit(spec: EnvironmentSpec, host: HostState) -> None:
+    """Raise ``SpecRefused`` unless this host is the one ``spec`` was planned for."""
+    if spec.host != host.name:
+        raise SpecRefused(f"environment {spec.key()} is for host {spec.host}, this is {host.name}")
+
+
+def not_run(spec: EnvironmentSpec, reason: str, detail: str | None = None) -> EnvironmentRecord:
+    """The unsigned ``not-run`` record of a planned environment."""
+    return EnvironmentRecord.from_spec(spec, outcome="not-run", reason=reason, detail=detail)
+
+
+def _decide(
+    spec: EnvironmentSpec, host: HostState, failures: CellFailures, stop: threading.Event | None
+) -> EnvironmentRecord | None:
+    """Preflight, then the rule, then the runner: the unsigned record (None if stopped)."""
+    verdict = host.preflight(spec)
+    if not verdict.ok:
+        return not_run(spec, NOT_RUN_PREFLIGHT_PREFIX + (verdict.reason or "unavailable"))
+    if failures.failed_before(spec):
+        return not_run(spec, NOT_RUN_RULE, RULE_DETAIL)
+    try:
+        return run_environment(spec, host=host.info(), stop=stop, preflight=verdict)
+    except Exception as exc:  # noqa: BLE001 -- a harness error is data, never a lost environment
+        log.exception("environment %s: harness error", spec.key())
+        detail = f"harness error on {host.name}: {type(exc).__name__}: {exc}"
+        return EnvironmentRecord.from_spec(spec, **failed_fields("launcher-error", detail))
