@@ -1,7 +1,7 @@
 """sandbench's private podman store: its own storage, state, configuration and OCI runtime.
 
 Podman has no daemon. Everything it creates for sandbench lives in one state directory
-(``$SANDBENCH_PODMAN_DIR``, else ``$SANDBENCH_HOME/podman``, else ``/var/lib/sandbench/podman``)::
+(``$SANDBENCH_PODMAN_DIR``, else ``podman/`` in the sandbench home, see ``tasks.paths``)::
 
     containers.conf  storage.conf  hooks.d/  root/  run/  tmp/
 
@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.errors import ModeUnavailable
+from tasks.paths import sandbench_home
 from worker.hostinfo import cgroup_version
 
 STATE_DIR_ENV = "SANDBENCH_PODMAN_DIR"
-HOME_ENV = "SANDBENCH_HOME"
-DEFAULT_HOME = Path("/var/lib/sandbench")
 PODMAN_ENV = "SANDBENCH_PODMAN"
 RUNTIME_ENV = "SANDBENCH_PODMAN_RUNTIME"
 DEFAULT_PODMAN = "/usr/bin/podman"
@@ -62,7 +61,7 @@ def default_state_dir() -> Path:
     """The state directory named by the environment, else the default."""
     if os.environ.get(STATE_DIR_ENV):
         return Path(os.environ[STATE_DIR_ENV])
-    return Path(os.environ.get(HOME_ENV) or DEFAULT_HOME) / "podman"
+    return sandbench_home() / "podman"
 
 
 def find_binary(name: str) -> str | None:

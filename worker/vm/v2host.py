@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.errors import SandbenchError
+from tasks.paths import DEFAULT_HOME
 from worker.procs import owned_process
 from worker.vm import accel, guest, qemu
 
@@ -35,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 SERVICE = "/system.slice/sandbench-v2host.service"  # the emulated delegated unit's cgroup
 KERNEL_ARGS = ["cgroup_no_v1=all"]
 TCG_CPU = "max"  # the venv's numpy needs x86-64-v2 (SSE4.2, POPCNT); qemu64 has not
-HIDDEN = ("/tmp", "/var/tmp", "/var/lib/sandbench")  # on the scratch disk in the guest
+HIDDEN = ("/tmp", "/var/tmp", str(DEFAULT_HOME))  # on the scratch disk in the guest
 PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "TZ", "CI", "PYTEST_ADDOPTS")
 GUEST_ENV = {"XDG_CACHE_HOME": "/tmp/.cache", "MPLCONFIGDIR": "/tmp/.config/matplotlib"}
 STATUS_FILE, CONSOLE_LOG, JOB_FILE, SCRATCH = "status", "console.log", "job.sh", "scratch.ext4"
