@@ -45,9 +45,12 @@ PER_TRANSPORT = ("fleet",)  # the fleet's own timing and redelivery counts
 
 
 def comparable(record: dict[str, Any]) -> dict[str, Any]:
-    """A record without its measurements, signature and per-transport fields."""
+    """A record without its measurements, signature, per-run names and per-transport fields."""
     out = {k: v for k, v in record.items() if k not in MEASURED + PER_TRANSPORT}
     out["rounds"] = [{k: v for k, v in r.items() if k != "task_s"} for r in record["rounds"]]
+    cgroup = dict(out["provenance"].get("cgroup", {}))
+    cgroup.pop("path", None)  # the environment's cgroup carries a random suffix per run
+    out["provenance"] = {**out["provenance"], "cgroup": cgroup}
     return out
 
 
