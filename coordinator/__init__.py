@@ -10,8 +10,8 @@ plan
 host
     One lab machine; results are always computed per host.
 mode
-    An execution mode: how the workload is launched (native, host sandbox, staged,
-    docker, vm, ...).
+    An execution mode: how the workload is launched (native, the bubblewrap sandbox mode
+    named ``host``, staged, docker, podman, vm, ...).
 workload
     One of the 19 file tasks: deterministic inputs, a round function, a validator, an
     oracle model.

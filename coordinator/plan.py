@@ -61,8 +61,8 @@ MAX_LIMIT_S = 24 * 3600  # an environment's limit; a day is surely a typo
 MAX_ENVIRONMENTS = 1000  # per cell: N >= 30 already gives P95
 # Environments per host: campaign.json, the queue and the store stay in the tens of megabytes.
 MAX_PLANNED = 50_000
-# Smoke preset: VM modes boot a guest per environment (tens of seconds under TCG), so they get
-# only these workloads there; the full preset keeps the whole matrix.
+# Smoke preset: modes that boot a guest per environment (registry attribute ``boots_guest``: the
+# VM modes, tens of seconds under TCG) get only these workloads; the full preset keeps them all.
 SMOKE_VM_WORKLOADS = ("publish",)
 SMOKE_SCALE = 0.02
 
@@ -386,8 +386,8 @@ def preset_text(name: str) -> str:
         return FULL_TEMPLATE.format(modes=modes)
     subset = ", ".join(f'"{w}"' for w in SMOKE_VM_WORKLOADS)
     modes = ",\n".join(
-        f'  {{ name = "{m}", workloads = [{subset}] }}' if m.startswith("vm") else f'  "{m}"'
-        for m in BUILTIN_MODES
+        f'  {{ name = "{m.name}", workloads = [{subset}] }}' if m.boots_guest else f'  "{m.name}"'
+        for m in BUILTIN_MODES.values()
     )
     names = ", ".join(SMOKE_VM_WORKLOADS)
     return SMOKE_TEMPLATE.format(modes=modes, scale=SMOKE_SCALE, subset=names)

@@ -9,18 +9,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-# Tools every mode relies on, and the flag that prints their version (first line is kept).
-TOOLS: dict[str, list[str]] = {
-    "python3": ["/usr/bin/python3", "--version"],
-    "git": ["git", "--version"],
-    "gcc": ["gcc", "--version"],
-    "make": ["make", "--version"],
-    "bwrap": ["bwrap", "--version"],
-    "docker": ["docker", "--version"],
-    "dockerd": ["dockerd", "--version"],
-    "podman": ["podman", "--version"],
-    "qemu": ["qemu-system-x86_64", "--version"],
-}
 TOOL_TIMEOUT_S = 10
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -87,13 +75,13 @@ def tool_version(argv: list[str]) -> str | None:
     return text.splitlines()[0] if text else None
 
 
-def tool_versions() -> dict[str, str | None]:
-    """Version line of every tool in ``TOOLS`` (None when missing)."""
-    return {name: tool_version(argv) for name, argv in TOOLS.items()}
+def tool_versions(tools: dict[str, list[str]]) -> dict[str, str | None]:
+    """Version line of every tool (name -> version command); None when it is missing."""
+    return {name: tool_version(argv) for name, argv in tools.items()}
 
 
-def host_facts(work_root: Path) -> dict[str, Any]:
-    """Every hardware and system fact of this host that a result depends on."""
+def host_facts(work_root: Path, tools: dict[str, list[str]]) -> dict[str, Any]:
+    """Every hardware and system fact of this host that a result depends on, with ``tools``."""
     affinity = sorted(os.sched_getaffinity(0))
     return {
         "cpu_model": cpu_model(),
@@ -106,7 +94,7 @@ def host_facts(work_root: Path) -> dict[str, Any]:
         "work_root_fs": filesystem_of(work_root),
         "cgroup": cgroup_version(),
         "accelerator": accelerator(),
-        "tools": tool_versions(),
+        "tools": tool_versions(tools),
     }
 
 

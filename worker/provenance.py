@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.hostinfo import host_facts
+from worker.modes import tool_commands
 
 REPO = Path(__file__).resolve().parents[1]
 GIT_TIMEOUT_S = 10
@@ -60,6 +61,6 @@ def collect(
             "version": version,
             "python": sys.version.split()[0],
         },
-        **host_facts(work_root),
+        **host_facts(work_root, tool_commands()),
         "modes": modes or {},
     }

@@ -1,32 +1,73 @@
-"""Execution modes: one module per mode, registered by name here."""
+"""Execution modes: a mode is one module in this package plus one line of ``REGISTRY``.
+
+A registry line names the mode, its class (``"module:Class"``, loaded only when the mode is
+used) and what the harness must know about it without loading it: ``boots_guest`` (a guest
+boots per environment: tens of seconds under TCG, so the smoke preset gives it a subset) and
+``tools`` (the version commands of the binaries it runs beyond the payload's own toolset, whose
+answers go into each host's provenance). The mode named ``host`` is the bubblewrap sandbox mode
+(``worker.modes.sandbox``): "host" in sandbench otherwise always means a lab machine.
+"""
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any
 
 from tasks.errors import ModeUnavailable
-from worker.modes.base import EnvContext, HostInfo, Mode, Preflight
+from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo, Mode, Preflight
 
-# name -> "module:Class"; a mode is one file in this package.
-BUILTIN_MODES: dict[str, str] = {
-    "native": "worker.modes.native:NativeMode",
-    "host": "worker.modes.host:HostMode",
-    "staged": "worker.modes.staged:StagedMode",
-    "docker": "worker.modes.docker:DockerMode",
-    "podman": "worker.modes.podman:PodmanMode",
-    "vm": "worker.modes.vm:VmMode",
-    "vm-writeback": "worker.modes.vm:VmWritebackMode",
-    "vm-disk": "worker.modes.vm:VmDiskMode",
-    "vm-microvm": "worker.modes.vm:VmMicrovmMode",
-}
 
-__all__ = ["BUILTIN_MODES", "EnvContext", "HostInfo", "Mode", "Preflight", "get_mode", "mode_names"]
+@dataclass(frozen=True)
+class ModeInfo:
+    """One registry line: a built-in mode's name, its class, and its attributes."""
+
+    name: str
+    target: str  # "module:Class"
+    boots_guest: bool = False  # boots a guest per environment
+    tools: tuple[str, ...] = ()  # version commands of the binaries it runs, e.g. "bwrap --version"
+
+
+QEMU_TOOLS = ("qemu-system-x86_64 --version",)
+IMAGE_TOOLS = (*QEMU_TOOLS, "mkfs.ext4 -V", "debugfs -V")  # the workspace staged on an ext4 disk
+# One line per built-in mode, in the design's order.
+REGISTRY = (
+    ModeInfo("native", "worker.modes.native:NativeMode"),
+    ModeInfo("host", "worker.modes.sandbox:SandboxMode", tools=("bwrap --version",)),
+    ModeInfo("staged", "worker.modes.staged:StagedMode", tools=("cp --version",)),
+    ModeInfo("docker", "worker.modes.docker:DockerMode",
+             tools=("docker --version", "dockerd --version")),
+    ModeInfo("podman", "worker.modes.podman:PodmanMode",
+             tools=("podman --version", "conmon --version", "crun --version", "runc --version")),
+    ModeInfo("vm", "worker.modes.vm:VmMode", boots_guest=True, tools=QEMU_TOOLS),
+    ModeInfo("vm-writeback", "worker.modes.vm:VmWritebackMode", boots_guest=True, tools=QEMU_TOOLS),
+    ModeInfo("vm-disk", "worker.modes.vm:VmDiskMode", boots_guest=True, tools=IMAGE_TOOLS),
+    ModeInfo("vm-microvm", "worker.modes.vm:VmMicrovmMode", boots_guest=True, tools=IMAGE_TOOLS),
+)  # fmt: skip
+BUILTIN_MODES: dict[str, ModeInfo] = {info.name: info for info in REGISTRY}
+# The payload's toolset: every mode runs these same binaries (the host's own).
+COMMON_TOOLS = (f"{PAYLOAD_PYTHON} --version", "git --version", "gcc --version", "make --version")
+
+__all__ = [
+    "BUILTIN_MODES", "REGISTRY", "EnvContext", "HostInfo", "Mode", "ModeInfo", "Preflight",
+    "get_mode", "mode_names", "tool_commands",
+]  # fmt: skip
 
 
 def mode_names() -> list[str]:
     """Names of the built-in modes, in the design's order."""
     return list(BUILTIN_MODES)
+
+
+def tool_commands() -> dict[str, list[str]]:
+    """The version command of every tool the built-in modes run, by the tool's name."""
+    commands = [*COMMON_TOOLS, *(cmd for info in REGISTRY for cmd in info.tools)]
+    return {_tool_name(cmd): cmd.split() for cmd in commands}
+
+
+def _tool_name(command: str) -> str:
+    """``/usr/bin/python3 --version`` -> ``python3``."""
+    return command.split()[0].rsplit("/", 1)[-1]
 
 
 def get_mode(name: str, options: dict[str, Any] | None = None) -> Mode:
@@ -45,7 +86,7 @@ def get_mode(name: str, options: dict[str, Any] | None = None) -> Mode:
             f"'{name}' is not a mode{hint} (modes: {', '.join(BUILTIN_MODES)}, or a command "
             "mode with a template)"
         )
-    module_name, cls_name = BUILTIN_MODES[name].split(":")
+    module_name, cls_name = BUILTIN_MODES[name].target.split(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

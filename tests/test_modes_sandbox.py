@@ -1,4 +1,4 @@
-"""host mode (bubblewrap): all 19 workloads pass; writes outside the workspace and network fail."""
+"""The sandbox mode (bubblewrap, named host): every workload passes; writes out and network fail."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def test_preflight() -> None:
 
 
 def test_isolation(tmp_path: Path, listener: tuple[socket.socket, list[str]]) -> None:
-    """Inside host mode only the workspace is writable and no connection leaves the sandbox."""
+    """In the sandbox mode only the workspace is writable and no connection leaves the sandbox."""
     require_binary("bwrap")
     server, accepted = listener
     port = server.getsockname()[1]

@@ -1,8 +1,10 @@
-"""``host``: a bubblewrap sandbox with the host root read-only and only the workspace writable.
+"""The bubblewrap sandbox mode, named ``host``: the root read-only, only the workspace writable.
 
-New mount, pid, ipc, uts and net namespaces; the network namespace has only its own
-loopback, so nothing outside is reachable. There is no writable scratch (not even ``/tmp``):
-the workloads keep their temporary files in the workspace (the build sets ``TMPDIR``).
+Users see the name ``host`` (the reference study's light host sandbox); code and docs call it the
+sandbox mode, never to be confused with a lab host. New mount, pid, ipc, uts and net namespaces;
+the network namespace has only its own loopback, so nothing outside is reachable. There is no
+writable scratch (not even ``/tmp``): the workloads keep their temporary files in the workspace
+(the build sets ``TMPDIR``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ NAMESPACE_FLAGS = ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare
 
 
 def bwrap_argv(bwrap: str, workspace: str, payload: str) -> list[str]:
-    """The bubblewrap options of the host mode for ``workspace`` (everything before ``--``)."""
+    """The bubblewrap options of the sandbox mode for ``workspace`` (everything before ``--``)."""
     return [
         bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
         "--ro-bind", payload, payload, "--bind", workspace, workspace,
@@ -29,8 +31,8 @@ def bwrap_argv(bwrap: str, workspace: str, payload: str) -> list[str]:
     ]  # fmt: skip
 
 
-class HostMode:
-    """A light host sandbox: bubblewrap around the same payload and toolset."""
+class SandboxMode:
+    """The sandbox mode (named ``host``): bubblewrap around the same payload and toolset."""
 
     name = "host"
     staged = False
