@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from tasks.records import Quota
-from worker.quota import (
+from worker.cgroup import (
     CFS_PERIOD_US,
     KILL_WAIT_S,
     POLL_S,

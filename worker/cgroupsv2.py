@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from tasks.records import Quota
-from worker.quota import (
+from worker.cgroup import (
     CFS_PERIOD_US,
     KILL_WAIT_S,
     PARENT_NAME,

@@ -11,166 +11,38 @@ so its whole process tree is limited, measured and killed together.
 
 from __future__ import annotations
 
-import os
-import re
-import secrets
-import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable
-from pathlib import Path
-
-from tasks.errors import SandbenchError
-from tasks.names import NAME_CHARS
 from tasks.records import Quota
+from worker.cgroup import (
+    CFS_PERIOD_US,
+    CGROUP_ROOT,
+    KILL_WAIT_S,
+    MAX_NAME,
+    PARENT_NAME,
+    POLL_S,
+    Cgroup,
+    QuotaError,
+    cgroup_mounts,
+    cgroup_name,
+    cpu_list,
+    detect,
+    remove_dir,
+    write_file,
+)
+from worker.cgroupsv1 import CgroupV1
+from worker.cgroupsv2 import CgroupV2
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-PARENT_NAME = "sandbench"  # every environment's cgroup lives under /sandbench
-CFS_PERIOD_US = 100_000  # 100 ms, the kernel's default CFS period
-KILL_WAIT_S = 5.0  # how long a killed tree may take to disappear
-POLL_S = 0.01
-MAX_NAME = 200  # cgroup directory names are file names: keep them well below 255
-
-
-class QuotaError(SandbenchError):
-    """The cgroup of an environment cannot be created, limited or removed."""
-
-
-class Cgroup(ABC):
-    """One environment's cgroup: limits from a ``Quota``, accounting, kill and removal."""
-
-    version: int
-    placement = "root"  # v2 under a delegated service: "delegated"
-
-    def __init__(self, path: str) -> None:
-        self.path = path  # relative to the hierarchy root, e.g. "/sandbench/c1_local_native_0"
-        self._preexec_fds: list[int] = []
-
-    @abstractmethod
-    def create(self, quota: Quota | None) -> None:
-        """Create the cgroup (and its parents) and apply ``quota`` (None: no limits)."""
-
-    @abstractmethod
-    def join_fds(self) -> list[int]:
-        """Open file descriptors whose write of "0" moves the writing process into the cgroup."""
-
-    @abstractmethod
-    def pids(self) -> list[int]:
-        """Process ids currently in the cgroup."""
-
-    @abstractmethod
-    def kill(self) -> None:
-        """SIGKILL every process of the cgroup and wait until it is empty."""
-
-    @abstractmethod
-    def cpu_seconds(self) -> float:
-        """CPU time (user + system) used by the cgroup's processes so far."""
-
-    @abstractmethod
-    def peak_memory(self) -> int | None:
-        """Peak memory use in bytes (None if this kernel cannot tell)."""
-
-    @abstractmethod
-    def oom_killed(self) -> bool:
-        """Whether the kernel's OOM killer killed a process of this cgroup."""
-
-    @abstractmethod
-    def limits(self) -> dict[str, str]:
-        """The limits as the kernel reports them, read back from the cgroup's files."""
-
-    @abstractmethod
-    def remove(self) -> None:
-        """Kill what is left and remove the cgroup directories; safe to call twice."""
-
-    def facts(self) -> dict[str, object]:
-        """Provenance of the cgroup: version, path, placement and the limits read back."""
-        return {"version": self.version, "path": self.path, "placement": self.placement,
-                "limits": self.limits()}  # fmt: skip
-
-    def join(self, pid: int) -> None:
-        """Move process ``pid`` (and, in v1, only that process) into the cgroup."""
-        for fd in self.join_fds():
-            try:
-                os.write(fd, str(pid).encode())
-            finally:
-                os.close(fd)
-
-    def preexec(self) -> Callable[[], None]:
-        """A ``preexec_fn`` for ``subprocess.Popen`` that joins the child before it execs.
-
-        The files are opened here, in the parent, so the child only does ``os.write`` between
-        fork and exec (no allocation, no locks).
-        """
-        fds = self.join_fds()
-
-        def _join() -> None:
-            for fd in fds:
-                os.write(fd, b"0")
-
-        self._preexec_fds = fds
-        return _join
-
-    def close_preexec(self) -> None:
-        """Close the descriptors opened by ``preexec`` (call after the spawn)."""
-        for fd in self._preexec_fds:
-            os.close(fd)
-        self._preexec_fds = []
-
-    def wait_empty(self, deadline_ns: int) -> bool:
-        """Wait until no process is left in the cgroup or ``deadline_ns`` (monotonic) passes."""
-        while self.pids():
-            if time.monotonic_ns() >= deadline_ns:
-                return False
-            time.sleep(POLL_S)
-        return True
-
-
-def cgroup_name(key: str) -> str:
-    """A unique, file-name-safe cgroup name for the environment with idempotency ``key``."""
-    slug = re.sub(f"[^{NAME_CHARS}]", "_", key)[:MAX_NAME]  # a spec's key is names and '/'s
-    return f"{slug}-{secrets.token_hex(3)}"
-
-
-def cgroup_mounts() -> dict[str, Path]:
-    """Mounted cgroup hierarchies: v1 controller name -> mount point, and "cgroup2" -> mount."""
-    mounts: dict[str, Path] = {}
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        fields = line.split()
-        if len(fields) < 4:
-            continue
-        point, fstype, options = Path(fields[1]), fields[2], fields[3].split(",")
-        if fstype == "cgroup2":
-            mounts.setdefault("cgroup2", point)
-        elif fstype == "cgroup":
-            for option in options:
-                mounts.setdefault(option, point)
-    return mounts
-
-
-def detect() -> int:
-    """The cgroup version that carries the controllers here: 1 or 2 (QuotaError if neither)."""
-    mounts = cgroup_mounts()
-    v1_needed = ("cpu", "cpuacct", "cpuset", "memory", "pids")
-    if all(name in mounts for name in v1_needed):
-        return 1
-    if "cgroup2" in mounts:
-        controllers = (mounts["cgroup2"] / "cgroup.controllers").read_text().split()
-        if {"cpu", "cpuset", "memory"} <= set(controllers):
-            return 2
-    raise QuotaError(
-        "no usable cgroup hierarchy: need cgroup v1 (cpu, cpuacct, cpuset, memory, pids) or "
-        "cgroup v2 with the cpu, cpuset and memory controllers; mount them (run as root)"
-    )
+__all__ = [
+    "CFS_PERIOD_US", "CGROUP_ROOT", "KILL_WAIT_S", "MAX_NAME", "PARENT_NAME", "POLL_S", "Cgroup",
+    "QuotaError", "cgroup_mounts", "cgroup_name", "cpu_list", "create", "detect", "new_cgroup",
+    "remove_dir", "write_file",
+]  # fmt: skip
 
 
 def new_cgroup(name: str, version: int | None = None) -> Cgroup:
     """A (not yet created) cgroup of environment ``name`` for the detected or given version."""
     version = version or detect()
     if version == 1:
-        from worker.cgroupsv1 import CgroupV1
-
         return CgroupV1(f"/{PARENT_NAME}/{name}")
-    from worker.cgroupsv2 import CgroupV2
-
     return CgroupV2.for_environment(name)
 
 
@@ -179,37 +51,3 @@ def create(name: str, quota: Quota | None, version: int | None = None) -> Cgroup
     cgroup = new_cgroup(name, version)
     cgroup.create(quota)
     return cgroup
-
-
-def cpu_list(cpus: str) -> list[int]:
-    """CPU numbers of a cpuset list such as ``"0,1"`` or ``"0-3,6"``."""
-    result: list[int] = []
-    for part in cpus.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        low, _, high = part.partition("-")
-        result.extend(range(int(low), int(high or low) + 1))
-    return result
-
-
-def write_file(path: Path, value: str) -> None:
-    """Write a cgroup control file, naming the file and value on failure."""
-    try:
-        path.write_text(value)
-    except OSError as exc:
-        raise QuotaError(f"cannot write {value!r} to {path}: {exc.strerror}") from exc
-
-
-def remove_dir(path: Path) -> None:
-    """Remove an empty cgroup directory, retrying while the kernel releases exited tasks."""
-    deadline = time.monotonic() + KILL_WAIT_S
-    while path.exists():
-        try:
-            path.rmdir()
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                raise QuotaError(f"cannot remove cgroup {path}: {exc.strerror}") from exc
-            time.sleep(POLL_S)
