@@ -226,24 +226,30 @@ def _cells(env: pd.DataFrame, groups: dict[str, str], seed: int) -> pd.DataFrame
     cells["env_task_s"] = by_index["_fmt"].agg(lambda v: ";".join(x for x in v if x))
     cells = cells.reset_index()
     cells["group"] = cells["workload"].map(lambda w: groups.get(w, ""))
-    cells["reason"] = ""
-    for col in ("task_s_ci_low", "task_s_ci_high", "task_s_p95"):
-        cells[col] = np.nan
     _fill_per_cell(cells, g, seed)
     return cells[CELL_COLUMNS]
 
 
 def _fill_per_cell(cells: pd.DataFrame, g: Any, seed: int) -> None:
     """Reasons of incomplete cells and the tails of complete cells with enough environments."""
-    for i, row in cells.iterrows():
-        key = tuple(row[k] for k in CELL_KEYS)
-        if row["status"] != "complete":
-            cells.at[i, "reason"] = _reason(g.get_group(key), int(row["planned"]))
-        elif row["planned"] >= CI_MIN_N:
-            sums = g.get_group(key).sort_values("env_index")["task_s"].to_numpy(dtype=float)
-            cells.at[i, "task_s_ci_low"], cells.at[i, "task_s_ci_high"] = bootstrap_ci(sums, seed)
-            if row["planned"] >= P95_MIN_N:
-                cells.at[i, "task_s_p95"] = float(np.percentile(sums, 95))
+    n = len(cells)
+    reasons, tails = [""] * n, np.full((n, 3), np.nan)  # tails: CI low, CI high, P95
+    env = g.obj
+    task_s, env_index = env["task_s"].to_numpy(dtype=float), env["env_index"].to_numpy()
+    indices = g.indices  # cell key -> row positions in env: no sub-frame per cell
+    rows_of = zip(*(cells[k] for k in [*CELL_KEYS, "status", "planned"]), strict=True)
+    for i, (*cell, status, planned) in enumerate(rows_of):
+        key = tuple(cell)
+        if status != "complete":
+            reasons[i] = _reason(g.get_group(key), int(planned))
+        elif planned >= CI_MIN_N:
+            rows = indices[key]
+            sums = task_s[rows[np.argsort(env_index[rows], kind="stable")]]
+            tails[i, :2] = bootstrap_ci(sums, seed)
+            if planned >= P95_MIN_N:
+                tails[i, 2] = np.percentile(sums, 95)
+    cells["reason"] = reasons
+    cells["task_s_ci_low"], cells["task_s_ci_high"], cells["task_s_p95"] = tails.T
 
 
 def passed_values(
