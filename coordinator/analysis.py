@@ -90,8 +90,8 @@ def _row(r: EnvironmentRecord | RecordView) -> tuple[Any, ...]:
     return (
         r.host, r.cohort, r.mode, r.workload, r.env_index, r.attempt, r.order_index,
         _status(r.outcome, r.reason), r.failure_class, r.reason, r.detail, r.ready_ms,
-        sum(x.task_s for x in rounds) if rounds else np.nan,
-        sum(1 for x in rounds if x.validated), len(rounds), r.superseded, r.campaign,
+        sum([x.task_s for x in rounds]) if rounds else np.nan,
+        [x.validated for x in rounds].count(True), len(rounds), r.superseded, r.campaign,
     )  # fmt: skip
 
 
@@ -210,7 +210,6 @@ def _cells(env: pd.DataFrame, groups: dict[str, str], seed: int) -> pd.DataFrame
     """One row per cell, computed per group with vectorized aggregations."""
     flags = pd.DataFrame({col: env["status"] == st for st, col in STATUS_COLUMNS.items()})
     env = pd.concat([env, flags], axis=1)
-    env = env.assign(_fmt=[f"{v:.6f}" if v == v else "" for v in env["task_s"]])
     g = env.groupby(CELL_KEYS, sort=False)
     cells = g[list(STATUS_COLUMNS.values())].sum().astype(int)
     cells["planned"] = g.size()
@@ -222,12 +221,24 @@ def _cells(env: pd.DataFrame, groups: dict[str, str], seed: int) -> pd.DataFrame
     cells.loc[cells["not_run_preflight"] > 0, "status"] = "preflight-failed"
     cells["task_s_median"] = g["task_s"].median().where(complete)
     cells["ready_ms_median"] = g["ready_ms"].median().where(complete)
-    by_index = env.sort_values("env_index", kind="stable").groupby(CELL_KEYS, sort=False)
-    cells["env_task_s"] = by_index["_fmt"].agg(lambda v: ";".join(x for x in v if x))
     cells = cells.reset_index()
+    cells["env_task_s"] = _env_sums_text(cells, g)
     cells["group"] = cells["workload"].map(lambda w: groups.get(w, ""))
     _fill_per_cell(cells, g, seed)
     return cells[CELL_COLUMNS]
+
+
+def _env_sums_text(cells: pd.DataFrame, g: Any) -> list[str]:
+    """Per cell, its environments' task times in environment order, ';'-joined (6 decimals)."""
+    env = g.obj
+    text = [f"{v:.6f}" if v == v else "" for v in env["task_s"].to_numpy(dtype=float)]
+    env_index, indices = env["env_index"].to_numpy(), g.indices
+    out = []
+    for key in zip(*(cells[k] for k in CELL_KEYS), strict=True):
+        rows = indices[key]
+        ordered = rows[np.argsort(env_index[rows], kind="stable")]
+        out.append(";".join(text[j] for j in ordered if text[j]))
+    return out
 
 
 def _fill_per_cell(cells: pd.DataFrame, g: Any, seed: int) -> None:
@@ -363,4 +374,4 @@ def _mode_order(planned: Any, modes: pd.Series) -> list[str]:
         return [m if isinstance(m, str) else m["name"] for m in plan["modes"]]
     from worker.modes import BUILTIN_MODES
 
-    return [*BUILTIN_MODES, *sorted(set(modes) - set(BUILTIN_MODES))]
+    return [*BUILTIN_MODES, *sorted(set(modes.unique()) - set(BUILTIN_MODES))]
