@@ -17,7 +17,7 @@ from coordinator.fleet import ACTIVE_CAMPAIGNS_KEY, FINALIZED_KEY
 from coordinator.progress import host_progress
 from coordinator.store import Store
 from tasks.app import TASK_RUN, describe, host_queue
-from tasks.broker import redis_client
+from tasks.broker import check_broker, redis_client
 from tasks.errors import FleetError, StoreError
 from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.records import EnvironmentSpec
@@ -69,6 +69,7 @@ def dispatch_specs(
         raise FleetError("the plan expands to no environments; nothing to dispatch")
     if any(s.task_id is None for s in specs):
         specs = with_task_ids(specs)
+    check_broker(app.conf.broker_url)  # nothing is stored for a campaign that cannot be queued
     campaign = store.create_campaign(plan_text, plan, specs)
     watch_campaign(app, campaign)
     send_specs(app, specs)
@@ -101,6 +102,7 @@ def rerun_cell(app: Celery, store: Store, campaign: str, cell: tuple[str, str, s
     current = latest_cell_specs(store.load_campaign(campaign).specs, cell)
     attempt = current[0].attempt + 1
     fresh = with_task_ids([s.model_copy(update={"attempt": attempt}) for s in current])
+    check_broker(app.conf.broker_url)  # nothing is planned that cannot be queued
     store.add_environments(campaign, fresh)
     client = redis_client(app.conf.broker_url)
     client.hdel(FINALIZED_KEY.format(campaign=campaign), cell[0])

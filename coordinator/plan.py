@@ -106,7 +106,7 @@ class QuotaPlan(BaseModel):
     def _size(cls, value: int | str) -> int:
         size = parse_size(value)
         if size > MAX_BYTES:
-            raise ValueError(f"{value!r} is more than 1 PiB, surely a typo; write e.g. \"2GiB\"")
+            raise ValueError(f'{value!r} is more than 1 PiB, surely a typo; write e.g. "2GiB"')
         return size
 
     @field_validator("cpus")

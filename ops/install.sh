@@ -1,32 +1,49 @@
 #!/usr/bin/env bash
 # Provision a lab host (Debian/Ubuntu or Fedora, as root) for the sandbench fleet.
 #
-#   ops/install.sh --role worker --host lab-a --broker 'redis://:PASSWORD@broker:6379/0'
-#   ops/install.sh --role coordinator --broker 'redis://:PASSWORD@127.0.0.1:6379/0'
-#   ops/install.sh --role broker            # redis-server with a generated password, AOF on
+#   ops/install.sh --role broker --bind 10.0.0.5      # redis: generated password, append-only
+#   ops/install.sh --role worker --host lab-a --broker redis://broker:6379/0 --password-file pw
+#   ops/install.sh --role coordinator --broker redis://broker:6379/0 --password-file pw
 #
-# Installs packages, a venv in /opt/sandbench, the environment file /etc/sandbench/sandbench.env
-# (mode 0600: credentials live there, never in code), the systemd units, and for a worker its
-# host key in /var/lib/sandbench with the registration command to run on the coordinator.
+# TLS: --tls-cert FILE --tls-key FILE on the broker; a rediss:// URL and --broker-ca FILE (the CA
+# that signed the broker's certificate) on the others. --port PORT (default 6379) on the broker;
+# --root DIR writes every file under DIR and touches no package, venv, key or service (tests).
+#
+# The broker's password is never on a command line: the broker writes it to an include file of
+# redis.conf (mode 0600, owner redis) and to /etc/sandbench/broker.password (0600), which you copy
+# to the other hosts for --password-file (without it, the script asks). Workers and the
+# coordinator keep the whole URL in /etc/sandbench/sandbench.env (0600), read by the systemd units.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-PREFIX=/opt/sandbench
-HOME_DIR=/var/lib/sandbench
-ENV_FILE=/etc/sandbench/sandbench.env
-role="" host="$(hostname -s)" broker=""
+NAME_RE='^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'  # tasks/names.py: a host name is a file name
+role="" host="$(hostname -s)" broker="" password_file="" broker_ca="" port=6379 root=""
+tls_cert="" tls_key="" binds=()
 
-usage() { sed -n '2,12p' "$0"; exit 2; }
+usage() { sed -n '2,15p' "$0"; exit 2; }
+die() { echo "install.sh: $*" >&2; exit 2; }
+say() { printf '==> %s\n' "$*"; }
 while (($#)); do
   case "$1" in
     --role) role="$2"; shift 2 ;;
     --host) host="$2"; shift 2 ;;
     --broker) broker="$2"; shift 2 ;;
+    --password-file) password_file="$2"; shift 2 ;;
+    --broker-ca) broker_ca="$2"; shift 2 ;;
+    --bind) read -ra more <<<"$2"; binds+=("${more[@]}"); shift 2 ;;
+    --port) port="$2"; shift 2 ;;
+    --tls-cert) tls_cert="$2"; shift 2 ;;
+    --tls-key) tls_key="$2"; shift 2 ;;
+    --root) root="$(realpath -m "$2")"; shift 2 ;;
     -h|--help) usage ;;
     *) echo "install.sh: unknown option $1" >&2; usage ;;
   esac
 done
 [[ "$role" =~ ^(worker|coordinator|broker)$ ]] || usage
-say() { printf '==> %s\n' "$*"; }
+[[ "$port" =~ ^[0-9]{1,5}$ ]] || die "--port $port is not a port number"
+PREFIX="$root/opt/sandbench"
+HOME_DIR="$root/var/lib/sandbench"
+ETC="$root/etc/sandbench"
+ENV_FILE="$ETC/sandbench.env"
 
 install_packages() {
   local common=(python3 git gcc make bubblewrap util-linux iproute2 e2fsprogs openssl)
@@ -45,60 +62,138 @@ install_packages() {
 
 install_venv() {
   say "venv in $PREFIX/venv"
-  mkdir -p "$PREFIX" "$HOME_DIR" /etc/sandbench
+  mkdir -p "$PREFIX" "$HOME_DIR"
   [ -x "$PREFIX/venv/bin/python" ] || python3 -m venv "$PREFIX/venv"
   "$PREFIX/venv/bin/pip" install -q --disable-pip-version-check "$REPO"
 }
 
+# The broker's password: first line of --password-file, else asked for (never an argument).
+read_password() {
+  if [ -n "$password_file" ]; then
+    head -n 1 "$password_file" | tr -d '\r\n'
+  elif [ -t 0 ]; then
+    local pw; read -rsp "broker password (empty: none): " pw; echo >&2; printf '%s' "$pw"
+  fi
+}
+
+# The broker URL with the password (URL-encoded, passed on stdin) and the CA file added.
+broker_url() {
+  local url="$broker" password encoded
+  if [ -n "$broker_ca" ]; then
+    [[ "$url" == rediss://* ]] || die "--broker-ca needs a rediss:// (TLS) URL"
+    install -m 0644 "$broker_ca" "$ETC/broker-ca.pem"
+    [[ "$url" == *\?* ]] && url+="&" || url+="?"
+    url+="ssl_ca_certs=$ETC/broker-ca.pem"
+  fi
+  password="$(read_password)"
+  if [ -n "$password" ]; then
+    encoded="$(printf '%s' "$password" |
+      python3 -c 'import sys, urllib.parse as u; print(u.quote(sys.stdin.read(), safe=""))')"
+    url="${url%%://*}://:$encoded@${url#*://}"
+  fi
+  printf '%s' "$url"
+}
+
 write_env() {
-  [ -n "$broker" ] || { echo "install.sh: --broker URL is required for $role" >&2; exit 2; }
-  umask 077
-  {
-    echo "SANDBENCH_BROKER=$broker"
-    echo "SANDBENCH_HOME=$HOME_DIR"
-    [ "$role" = coordinator ] && echo "SANDBENCH_FLOWER_AUTH=admin:$(openssl rand -hex 12)"
-  } > "$ENV_FILE"
-  say "wrote $ENV_FILE (mode 0600)"
+  [ -n "$broker" ] || die "--broker URL is required for $role"
+  [[ "$broker" =~ ^rediss?://[^/@]+(:[0-9]+)?(/[0-9]*)?(\?.*)?$ ]] || die \
+    "--broker $broker is not redis://HOST[:PORT]/DB or rediss://...; the password goes in" \
+    "--password-file, never on the command line"
+  mkdir -p "$ETC" "$HOME_DIR"
+  local url; url="$(broker_url)"
+  (
+    umask 077
+    {
+      echo "SANDBENCH_BROKER=$url"
+      echo "SANDBENCH_HOME=$HOME_DIR"
+      if [ "$role" = coordinator ]; then
+        echo "SANDBENCH_FLOWER_AUTH=admin:$(openssl rand -hex 12)"
+      fi
+    } > "$ENV_FILE"
+  )
+  chmod 0600 "$ENV_FILE"
+  say "wrote $ENV_FILE (mode 0600: the broker URL with its password)"
 }
 
 install_units() {
-  install -m 0644 "$REPO"/ops/systemd/sandbench-*.service /etc/systemd/system/
-  systemctl daemon-reload
+  mkdir -p "$root/etc/systemd/system"
+  install -m 0644 "$REPO"/ops/systemd/sandbench-*.service "$root/etc/systemd/system/"
+  [ -n "$root" ] || systemctl daemon-reload
+}
+
+# A file redis-server reads: owned by its user when there is one (not under --root).
+redis_owns() { [ -z "$root" ] && id redis >/dev/null 2>&1 && chown redis:redis "$@"; true; }
+
+# Where redis listens: the --bind addresses, else loopback only (remote workers need --bind).
+check_binds() {
+  local addr
+  if ((${#binds[@]} == 0)); then
+    binds=(127.0.0.1 -::1)
+    say "bound to loopback only; give --bind ADDR for workers on other machines"
+  fi
+  for addr in "${binds[@]}"; do
+    [[ "$addr" =~ ^-?[0-9A-Za-z.:%*]+$ ]] || die "--bind $addr is not an address"
+  done
 }
 
 setup_broker() {
-  local conf=/etc/redis/redis.conf auth=/etc/redis/sandbench-auth.conf
-  [ -f "$conf" ] || conf=/etc/redis.conf
-  install -m 0644 "$REPO/ops/redis.conf" /etc/redis/sandbench.conf
-  if [ ! -f "$auth" ]; then
-    (umask 027; echo "requirepass $(openssl rand -hex 24)" > "$auth")
-    chgrp redis "$auth" 2>/dev/null || true
+  local dir="$root/etc/redis" conf ours auth tls
+  conf="$dir/redis.conf"; ours="$dir/sandbench.conf"; auth="$dir/sandbench-auth.conf"
+  tls="$dir/sandbench-tls.conf"
+  mkdir -p "$dir" "$ETC"
+  [ -f "$conf" ] || [ ! -f "$root/etc/redis.conf" ] || conf="$root/etc/redis.conf"  # Fedora
+  check_binds
+  sed -e "s/^bind .*/bind ${binds[*]}/" -e "s/^port .*/port $port/" "$REPO/ops/redis.conf" > "$ours"
+  chmod 0644 "$ours"
+  if [ ! -s "$auth" ]; then (umask 077; echo "requirepass $(openssl rand -hex 24)" > "$auth"); fi
+  chmod 0600 "$auth"; redis_owns "$auth"
+  (umask 077; sed -n 's/^requirepass //p' "$auth" > "$ETC/broker.password")
+  local includes=("$ours" "$auth") scheme=redis
+  if [ -n "$tls_cert$tls_key" ]; then
+    [ -f "$tls_cert" ] && [ -f "$tls_key" ] || die "--tls-cert and --tls-key name two files"
+    install -m 0644 "$tls_cert" "$dir/sandbench-tls.crt"
+    install -m 0600 "$tls_key" "$dir/sandbench-tls.key"; redis_owns "$dir/sandbench-tls.key"
+    printf 'port 0\ntls-port %s\ntls-cert-file %s\ntls-key-file %s\ntls-auth-clients no\n' \
+      "$port" "$dir/sandbench-tls.crt" "$dir/sandbench-tls.key" > "$tls"
+    includes+=("$tls"); scheme=rediss
   fi
-  for inc in /etc/redis/sandbench.conf "$auth"; do
-    grep -qx "include $inc" "$conf" || echo "include $inc" >> "$conf"
+  touch "$conf"
+  for inc in "${includes[@]}"; do
+    grep -qxF "include $inc" "$conf" || echo "include $inc" >> "$conf"
   done
-  local unit=redis-server; systemctl list-unit-files redis.service >/dev/null 2>&1 && unit=redis
-  systemctl enable --now "$unit" && systemctl restart "$unit"
-  say "redis password is in $auth; broker URL: redis://:PASSWORD@$(hostname -f):6379/0"
-  say "open port 6379 to the lab hosts only (bind in /etc/redis/sandbench.conf)"
+  if [ -z "$root" ]; then
+    local unit=redis-server; systemctl list-unit-files redis.service >/dev/null 2>&1 && unit=redis
+    systemctl enable --now "$unit" && systemctl restart "$unit"
+  fi
+  say "broker on ${binds[*]}, port $port; URL $scheme://$(hostname -f):$port/0 (the others' --broker)"
+  say "password in $ETC/broker.password (0600): copy it to each host for --password-file"
 }
 
-install_packages
-case "$role" in
-  broker) setup_broker ;;
-  worker)
-    install_venv; write_env; install_units
-    SANDBENCH_HOME=$HOME_DIR "$PREFIX/venv/bin/python" - "$host" <<'PY'
+setup_worker() {
+  [[ "$host" =~ $NAME_RE ]] || die "--host $host: use 1-64 letters, digits, '.', '_' or '-'"
+  [ -n "$root" ] || { install_packages; install_venv; }
+  write_env; install_units
+  if [ -n "$root" ]; then return; fi
+  SANDBENCH_HOME=$HOME_DIR "$PREFIX/venv/bin/python" - "$host" <<'PY'
 import sys
 from tasks.signing import HostKey, default_key_path
 key = HostKey.load_or_create(default_key_path(), name=sys.argv[1])
 print(f"==> host key {key.key_id}; on the coordinator run:")
 print(f"    sandbench hosts add {key.name} {key.public_b64()}")
 PY
-    systemctl enable --now "sandbench-worker@$host" ;;
-  coordinator)
-    install_venv; write_env; install_units
-    systemctl enable --now sandbench-coordinator sandbench-flower
-    say "Flower credentials are in $ENV_FILE (SANDBENCH_FLOWER_AUTH)" ;;
+  systemctl enable --now "sandbench-worker@$host"
+}
+
+setup_coordinator() {
+  [ -n "$root" ] || { install_packages; install_venv; }
+  write_env; install_units
+  [ -n "$root" ] || systemctl enable --now sandbench-coordinator sandbench-flower
+  say "Flower credentials are in $ENV_FILE (SANDBENCH_FLOWER_AUTH)"
+}
+
+case "$role" in
+  broker) [ -n "$root" ] || install_packages; setup_broker ;;
+  worker) setup_worker ;;
+  coordinator) setup_coordinator ;;
 esac
 say "done"

@@ -8,19 +8,31 @@ Every setting that shapes delivery is explicit here (see the design's "Celery fa
 late acks, reject on worker loss, prefetch 1 with prefetch disabled beyond the running
 task, an explicit visibility timeout, task events with ``task_send_sent_event`` so queued
 environments show in Flower, and ``result_extended`` so results keep their names and args.
+
+The broker URL comes from ``$SANDBENCH_BROKER`` (on lab hosts, the 0600 environment file),
+never from a command line. ``rediss://`` is Redis over TLS: the broker's certificate is always
+verified (``ssl_cert_reqs=required``, added when absent), against the system's CAs or the file
+named by ``ssl_ca_certs=/path/ca.pem`` in the URL's query; kombu, Celery's result backend and
+redis-py all read these query options.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from celery import Celery
 
+from tasks.broker import broker_address, host_port
+from tasks.errors import FleetError
 from tasks.records import EnvironmentSpec
 
 BROKER_ENV = "SANDBENCH_BROKER"
 DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
+TLS_SCHEME = "rediss"
+TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")  # query options naming files
 # An environment is bounded by its limit (90 s by default) plus preparation and cleanup;
 # a message unacknowledged for longer than this comes back (its worker is presumed dead).
 VISIBILITY_TIMEOUT_ENV = "SANDBENCH_VISIBILITY_TIMEOUT"
@@ -60,8 +72,34 @@ def describe(spec: EnvironmentSpec) -> str:
 
 
 def broker_url(explicit: str | None = None) -> str:
-    """The broker URL: ``explicit``, else ``$SANDBENCH_BROKER``, else local Redis."""
-    return explicit or os.environ.get(BROKER_ENV) or DEFAULT_BROKER
+    """The broker URL (``explicit``, else ``$SANDBENCH_BROKER``, else local Redis), checked."""
+    return checked_broker_url(explicit or os.environ.get(BROKER_ENV) or DEFAULT_BROKER)
+
+
+def checked_broker_url(url: str) -> str:
+    """``url`` if usable as the broker's, its TLS certificate check explicit; else FleetError."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", TLS_SCHEME) or host_port(url) is None:
+        raise FleetError(
+            f"the broker URL (for {broker_address(url)}) is not redis://[:PASSWORD@]HOST[:PORT]/DB"
+            " or rediss://... (TLS); fix SANDBENCH_BROKER"
+        )
+    query = dict(parse_qsl(parts.query))
+    tls = [k for k in query if k.startswith("ssl_")]
+    if parts.scheme != TLS_SCHEME:
+        if tls:
+            raise FleetError(f"broker URL option {tls[0]} needs rediss:// (TLS), not redis://")
+        return url
+    reqs = query.setdefault("ssl_cert_reqs", "required")
+    if reqs.lower() not in ("required", "cert_required"):
+        raise FleetError(
+            f"broker URL ssl_cert_reqs={reqs} would send the password to whoever answers at "
+            f"{broker_address(url)}; drop it and name the broker's CA: ssl_ca_certs=/path/ca.pem"
+        )
+    for key in (k for k in TLS_FILES if k in query):
+        if not Path(query[key]).is_file():
+            raise FleetError(f"broker URL {key}={query[key]}: no such file")
+    return urlunsplit(parts._replace(query=urlencode(query, safe="/")))
 
 
 def _env_int(name: str, default: int) -> int:

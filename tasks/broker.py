@@ -2,14 +2,19 @@
 
 A lab host's worker writes these keys; the coordinator reads ``started`` and ``alive`` to tell
 a lost run from a running one. ``key`` is an environment's idempotency key
-(``EnvironmentSpec.key()``).
+(``EnvironmentSpec.key()``). Commands that change the store first ``check_broker``: a dead
+broker is one line naming ``HOST:PORT`` (never the password) before anything is created.
 """
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
+
+from tasks.errors import FleetError
 
 STARTED_KEY = "sandbench:started:{key}"  # set once when an attempt starts; never expires early
 ALIVE_KEY = "sandbench:alive:{key}"  # refreshed while the attempt runs; gone when its worker died
@@ -21,9 +26,50 @@ MARK_TTL_S = 30 * 24 * 3600
 ALIVE_TTL_S = 15
 ALIVE_REFRESH_S = 5
 REDIS_RETRIES = 240  # with a 0.5 s cap: rides over a redis-server restart of a minute or two
+DEFAULT_PORT = 6379
+# dispatch, status and rerun ask the broker before they change anything: connect and PING
+# each get this long, so a dead or silent broker is reported within 5 s of the command's start.
+CHECK_TIMEOUT_S = 2.0
 
 
 def redis_client(url: str) -> redis.Redis:
     """A Redis client for the broker at ``url`` that retries through a server restart."""
     retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), REDIS_RETRIES)
     return redis.Redis.from_url(url, retry=retry, socket_timeout=10, decode_responses=True)
+
+
+def host_port(url: str) -> tuple[str, int] | None:
+    """Host and port of ``url`` (the default port if none); None if either is unusable."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or DEFAULT_PORT
+    except ValueError:  # a port that is not a number in range
+        return None
+    return (parts.hostname, port) if parts.hostname else None
+
+
+def broker_address(url: str) -> str:
+    """``HOST:PORT`` of the broker at ``url``: what messages may show (never the password)."""
+    address = host_port(url)
+    if address is None:
+        return "an unusable address"
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def check_broker(url: str, timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    """Return if the broker at ``url`` answers PING in time; else FleetError naming HOST:PORT."""
+    where = broker_address(url)
+    client = redis.Redis.from_url(
+        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
+    )
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        raise FleetError(f"broker at {where} refused the password; fix SANDBENCH_BROKER") from exc
+    except (redis.RedisError, OSError) as exc:
+        password = urlsplit(url).password
+        reason = str(exc).replace(password, "***") if password else str(exc)
+        raise FleetError(f"broker unreachable at {where} ({reason})") from exc
+    finally:
+        client.close()

@@ -63,31 +63,80 @@ def wait_until(check: Callable[[], T], timeout: float, what: str, interval: floa
         time.sleep(interval)
 
 
+@dataclass
+class Tls:
+    """A throw-away CA and a server certificate it signed, for 127.0.0.1 (made by openssl)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def make(cls, directory: Path, name: str = "test") -> Tls:
+        """Generate the CA and the server's key and certificate under ``directory``."""
+        openssl = require_binary("openssl")
+        directory.mkdir(parents=True, exist_ok=True)
+        ca, ca_key = directory / f"{name}-ca.pem", directory / f"{name}-ca.key"
+        cert, key, csr = (directory / f"{name}-server.{x}" for x in ("pem", "key", "csr"))
+        ext = directory / f"{name}-san.cnf"
+        ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        for argv in (
+            ["req", "-x509", "-newkey", "ed25519", "-nodes", "-keyout", ca_key, "-out", ca,
+             "-days", "2", "-subj", f"/CN={name} CA"],
+            ["req", "-newkey", "ed25519", "-nodes", "-keyout", key, "-out", csr,
+             "-subj", "/CN=127.0.0.1"],
+            ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+             "-out", cert, "-days", "2", "-extfile", ext],
+        ):  # fmt: skip
+            subprocess.run([openssl, *map(str, argv)], check=True, capture_output=True)
+        return cls(ca, cert, key)
+
+
 class RedisServer:
-    """A redis-server on a free port in a private directory, append-only, with a password."""
+    """A redis-server on a free port in a private directory, append-only, with a password.
+
+    Every setting, the password included, is in a 0600 configuration file: nothing secret on
+    its command line. With ``tls`` it listens for TLS only (``rediss://``).
+    """
 
     def __init__(
-        self, directory: Path, binds: list[str] | None = None, appendfsync: str = "always"
-    ) -> None:
+        self, directory: Path, binds: list[str] | None = None, appendfsync: str = "always",
+        tls: Tls | None = None,
+    ) -> None:  # fmt: skip
         self.appendfsync = appendfsync  # always: a kill -9 of the server loses nothing
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.binds = ["127.0.0.1", *(binds or [])]
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
 
     def url(self, address: str = "127.0.0.1") -> str:
         """Broker URL of this server as reached at ``address``."""
+        if self.tls:
+            return f"rediss://:{REDIS_PASSWORD}@{address}:{self.port}/0?ssl_ca_certs={self.tls.ca}"
         return f"redis://:{REDIS_PASSWORD}@{address}:{self.port}/0"
+
+    def config(self) -> Path:
+        """Write the server's configuration file (mode 0600); its path."""
+        ports = [f"port {self.port}"]
+        if self.tls:
+            ports = ["port 0", f"tls-port {self.port}", f'tls-cert-file "{self.tls.cert}"',
+                     f'tls-key-file "{self.tls.key}"', "tls-auth-clients no"]  # fmt: skip
+        lines = [*ports, f"bind {' '.join(self.binds)}", f'dir "{self.dir}"', "appendonly yes",
+                 f"appendfsync {self.appendfsync}", 'save ""', f"requirepass {REDIS_PASSWORD}",
+                 "protected-mode no", f'logfile "{self.dir / "redis.log"}"']  # fmt: skip
+        path = self.dir / "redis.conf"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return path
 
     def start(self) -> None:
         """Start the server and wait until it answers PING."""
-        argv = ["redis-server", "--port", str(self.port), "--bind", *self.binds,
-                "--dir", str(self.dir), "--appendonly", "yes", "--appendfsync", self.appendfsync,
-                "--save", "", "--requirepass", REDIS_PASSWORD, "--protected-mode", "no",
-                "--logfile", str(self.dir / "redis.log")]  # fmt: skip
+        argv = ["redis-server", str(self.config())]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, password=REDIS_PASSWORD, socket_timeout=2)
+        client = redis.Redis.from_url(self.url(), socket_timeout=2)
         try:
             wait_until(lambda: self._pings(client), 20, "redis-server to answer PING")
         finally:
@@ -118,7 +167,7 @@ class RedisServer:
 
     def client(self) -> redis.Redis:
         """A client of this server (close it when done)."""
-        return redis.Redis(port=self.port, password=REDIS_PASSWORD, decode_responses=True)
+        return redis.Redis.from_url(self.url(), decode_responses=True)
 
 
 @dataclass
@@ -215,7 +264,10 @@ class LabHost:
 class Fleet:
     """A test fleet: redis-server, coordinator home and data, lab hosts and their workers."""
 
-    def __init__(self, root: Path, host_names: list[str], netns_prefix: str | None = None):
+    def __init__(
+        self, root: Path, host_names: list[str], netns_prefix: str | None = None,
+        tls: Tls | None = None,
+    ) -> None:  # fmt: skip
         self.root = root
         self.data = root / "data"
         self.coordinator_home = root / "coordinator-home"
@@ -229,7 +281,7 @@ class Fleet:
             if host.netns:
                 host.netns.create()
         binds = [h.netns.host_address for h in self.hosts.values() if h.netns]
-        self.redis = RedisServer(root / "redis", binds)
+        self.redis = RedisServer(root / "redis", binds, tls=tls)
         self.procs: list[Proc] = []
         self.workers: dict[str, Proc] = {}
         self.coordinator: Proc | None = None
@@ -374,11 +426,12 @@ def make_fleet(tmp_path: Path) -> Iterator[Any]:
     require_binary("redis-server")
     fleets: list[Fleet] = []
 
-    def make(hosts: list[str], netns: bool = False) -> Fleet:
+    def make(hosts: list[str], netns: bool = False, tls: bool = False) -> Fleet:
         if netns:
             require(os.geteuid() == 0 and bool(require_binary("ip")), "root for ip netns")
         prefix = f"sbt{os.getpid() % 10000}" if netns else None
-        fleet = Fleet(tmp_path / f"fleet{len(fleets)}", hosts, prefix)
+        root = tmp_path / f"fleet{len(fleets)}"
+        fleet = Fleet(root, hosts, prefix, Tls.make(root / "tls") if tls else None)
         fleets.append(fleet)
         fleet.redis.start()
         return fleet

@@ -7,20 +7,33 @@ import os
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
 from tasks.errors import FleetError
 from tasks.names import check_name
 
-BROKER_HELP = "broker URL (default: $SANDBENCH_BROKER, else redis://127.0.0.1:6379/0)"
+BROKER_HELP = (
+    "broker URL without a password (default: $SANDBENCH_BROKER, else redis://127.0.0.1:6379/0)"
+)
 DATA_HELP = "data directory of the store"
 FLOWER_AUTH_ENVS = ("SANDBENCH_FLOWER_AUTH", "FLOWER_BASIC_AUTH")
 FOLLOW_INTERVAL_S = 2.0
-STATUS_TIMEOUT_S = 3.0
 WORKER_CONCURRENCY = "1"  # one environment at a time per host, whatever its CPU count
 
-broker_option = click.option("--broker", default=None, help=BROKER_HELP)
+
+def _no_password(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Refuse a password on the command line: every user of the host sees it in ``ps``."""
+    if value and urlsplit(value).password:
+        raise click.BadParameter(
+            "the URL carries a password, which every user sees in 'ps'; put the whole URL in "
+            "SANDBENCH_BROKER (on lab hosts: /etc/sandbench/sandbench.env, mode 0600) instead"
+        )
+    return value
+
+
+broker_option = click.option("--broker", default=None, help=BROKER_HELP, callback=_no_password)
 data_option = click.option(
     "--data", type=click.Path(path_type=Path), default=Path(".data"), help=DATA_HELP
 )
@@ -156,16 +169,11 @@ def status_cmd(campaign: str, follow: bool, as_json: bool, broker: str | None, d
 
     from coordinator.status import campaign_status, format_status
     from tasks.app import broker_url
+    from tasks.broker import check_broker
 
-    probe = redis.Redis.from_url(
-        broker_url(broker), socket_connect_timeout=STATUS_TIMEOUT_S, decode_responses=True
-    )
-    client: redis.Redis | None = probe
-    try:
-        probe.ping()
-    except redis.RedisError as exc:
-        click.echo(f"broker unreachable ({exc}): status from the store only", err=True)
-        client = None
+    url = broker_url(broker)
+    check_broker(url)  # a dead broker: one line and exit 2 ('sandbench report' reads the store)
+    client = redis.Redis.from_url(url, decode_responses=True)
     store = _store(data)
     while True:
         status = campaign_status(store, client, campaign)
