@@ -85,8 +85,12 @@ def test_redis_conf_starts_a_persistent_server(tmp_path: Path) -> None:
     """redis-server runs with ops/redis.conf: append-only, fsync always, no eviction, password."""
     server = require_binary("redis-server")
     port = free_port()
-    argv = [server, str(REPO / "ops" / "redis.conf"), "--port", str(port), "--dir", str(tmp_path),
-            "--requirepass", "conf-test"]  # fmt: skip
+    auth = tmp_path / "auth.conf"  # the password in an include, as install.sh does: not in argv
+    auth.write_text("requirepass conf-test\n")
+    auth.chmod(0o600)
+    conf = tmp_path / "redis.conf"
+    conf.write_text(f"include {REPO / 'ops' / 'redis.conf'}\ninclude {auth}\nport {port}\n")
+    argv = [server, str(conf), "--dir", str(tmp_path)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = redis.Redis(port=port, password="conf-test", decode_responses=True)
     try:
