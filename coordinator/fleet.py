@@ -141,7 +141,10 @@ class Coordinator:
             load_campaign(self.store, campaign)
         except (HostKeyError, RecordRejected, InvalidSignature, ValueError, StoreError) as exc:
             return self.reject(dict(envelope), f"provenance of {host}: {exc or 'bad signature'}")
-        self.store.write_provenance(campaign, host, dict(envelope["facts"]))
+        facts = dict(envelope["facts"])
+        earlier = self.store.provenance(campaign, host).get("modes", {})
+        facts["modes"] = {**earlier, **facts.get("modes", {})}  # verdicts arrive as modes run
+        self.store.write_provenance(campaign, host, facts)
         return {"provenance": host}
 
     # --- finalization --------------------------------------------------------------------------

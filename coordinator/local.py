@@ -33,7 +33,7 @@ from tasks.errors import SandbenchError, StoreError
 from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 from tasks.signing import HostKey
-from worker.gate import HostState, RecordedFailures, run_planned
+from worker.gate import HostState, RecordedFailures, run_planned, verdict_facts
 from worker.modes import HostInfo, Preflight
 
 
@@ -104,8 +104,7 @@ class LocalExecutor:
 
     def _keep_verdict(self, spec: EnvironmentSpec, verdict: Preflight) -> None:
         """Add a mode's new preflight verdict to this host's provenance."""
-        entry = {"ok": verdict.ok, "reason": verdict.reason, **verdict.facts}
-        self.provenance["modes"][spec.mode] = entry
+        self.provenance["modes"][spec.mode] = verdict_facts(verdict)
         self.store.write_provenance(self.campaign_id, self.host.name, self.provenance)
 
     def execute(self, spec: EnvironmentSpec) -> EnvironmentRecord | None:

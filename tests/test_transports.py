@@ -15,7 +15,7 @@ from coordinator.registry import HostRegistry
 from coordinator.store import Store
 from tasks.app import create_app
 from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE
-from tests.fleet_helpers import Fleet, make_fleet, wait_finished
+from tests.fleet_helpers import Fleet, make_fleet, wait_finished, wait_until
 
 pytestmark = pytest.mark.fleet
 __all__ = ["make_fleet"]  # the fixture
@@ -62,13 +62,19 @@ def run_locally(fleet: Fleet, store: Store) -> None:
         assert result.complete, result
 
 
+def verdicts(store: Store, host: str) -> dict[str, bool] | None:
+    """Each mode's preflight verdict in the host's provenance, once all three are there."""
+    modes = store.provenance(CAMPAIGN, host).get("modes", {})
+    return {m: v["ok"] for m, v in modes.items()} if len(modes) == 3 else None
+
+
 def records_by_key(store: Store) -> dict[str, dict[str, Any]]:
     """Every stored record of the campaign as JSON, by environment key."""
     return {r.key(): r.to_json_dict() for r in store.records(CAMPAIGN)}
 
 
 def test_local_and_fleet_records_are_identical_but_for_timings(make_fleet: Any) -> None:
-    """One plan run embedded and through a two-worker fleet: equal records, both verified."""
+    """One plan embedded and through a two-worker fleet: equal records and verdicts, verified."""
     fleet = make_fleet(HOSTS)
     fleet.register_hosts()
     for name in HOSTS:
@@ -96,6 +102,10 @@ def test_local_and_fleet_records_are_identical_but_for_timings(make_fleet: Any) 
     assert ("always-fails", "not-run", NOT_RUN_RULE) in reasons
     absent = {r["reason"] for r in fleet_records.values() if r["mode"] == "absent"}
     assert len(absent) == 1 and absent.pop().startswith(NOT_RUN_PREFLIGHT_PREFIX)
+    for name in HOSTS:  # each host's provenance lists the same preflight verdicts
+        fleet_modes = wait_until(lambda n=name: verdicts(Store(fleet.data), n), 60, "verdicts")
+        assert fleet_modes == verdicts(local, name)
+        assert fleet_modes == {"native": True, "always-fails": True, "absent": False}
     registry = HostRegistry(fleet.coordinator_home / "hosts.json")
     assert verify_campaign(local, CAMPAIGN, registry) == []
     assert verify_campaign(Store(fleet.data), CAMPAIGN, registry) == []

@@ -3,8 +3,9 @@
 The task is a thin adapter around ``worker.gate.run_planned``: it claims the delivery (an
 environment already handed over is a duplicate; one started before and lost runs again fresh),
 keeps the attempt's alive key beating while the gate runs, hands the signed record to the
-coordinator's ``store_record`` task by name, and sends this host's signed provenance once per
-campaign. The first-failure rule's evidence is a flag per cell attempt in Redis.
+coordinator's ``store_record`` task by name, and sends this host's signed provenance (with the
+modes' preflight verdicts) after its first environment of a campaign and after each new
+verdict. The first-failure rule's evidence is a flag per cell attempt in Redis.
 """
 
 from __future__ import annotations
@@ -171,15 +172,18 @@ def provenance_envelope(spec: EnvironmentSpec, host: HostState) -> dict[str, Any
     from worker.provenance import collect
 
     facts = collect(host.name, host.work_root, campaign=spec.campaign, seed=spec.seed,
-                    cohort=spec.cohort, quota=spec.quota.model_dump(mode="json"))  # fmt: skip
+                    cohort=spec.cohort, quota=spec.quota.model_dump(mode="json"),
+                    modes=host.mode_verdicts(spec.campaign))  # fmt: skip
     body = {"campaign": spec.campaign, "host": host.name, "facts": facts}
     return {**body, "key_id": host.key.key_id, "ed25519": host.key.sign(canonical_json(body))}
 
 
-def send_provenance_once(app: Celery, client: redis.Redis, spec: EnvironmentSpec) -> None:
-    """After a campaign's first environment on this host, send the host's provenance."""
+def send_provenance(
+    app: Celery, client: redis.Redis, spec: EnvironmentSpec, new_verdict: bool
+) -> None:
+    """Send the host's provenance after its first environment of a campaign and new verdicts."""
     marker = PROVENANCE_KEY.format(campaign=spec.campaign, host=spec.host)
-    if not client.set(marker, "1", nx=True, ex=MARK_TTL_S):
+    if not client.set(marker, "1", nx=True, ex=MARK_TTL_S) and not new_verdict:
         return
     envelope = provenance_envelope(spec, host_state(spec))
     app.send_task(TASK_PROVENANCE, args=[envelope], queue=COORDINATOR_QUEUE,
@@ -203,9 +207,11 @@ def register_tasks(app: Celery) -> None:
         """Run one environment on this host and hand its signed record to the coordinator."""
         client = process_client(self.app.conf.broker_url)
         planned = EnvironmentSpec.model_validate(spec)
+        known = len(host_state(planned).verdicts)
         record = execute(client, planned, sent_at)
         if "duplicate" in record:
             return record
         hand_over(self.app, client, planned, record)
-        send_provenance_once(self.app, client, planned)
+        new_verdict = len(host_state(planned).verdicts) > known
+        send_provenance(self.app, client, planned, new_verdict)
         return {k: record[k] for k in SUMMARY_FIELDS}

@@ -115,6 +115,16 @@ class HostState:
                 self.on_verdict(spec, self.verdicts[slot])
         return self.verdicts[slot]
 
+    def mode_verdicts(self, campaign: str) -> dict[str, dict[str, Any]]:
+        """Each mode's verdict so far in ``campaign``, as the host's provenance lists them."""
+        mine = ((mode, v) for (c, mode, _), v in self.verdicts.items() if c == campaign)
+        return {mode: verdict_facts(verdict) for mode, verdict in mine}
+
+
+def verdict_facts(verdict: Preflight) -> dict[str, Any]:
+    """A preflight verdict as provenance records it: ok, reason and the mode's facts."""
+    return {"ok": verdict.ok, "reason": verdict.reason, **verdict.facts}
+
 
 def ask_preflight(spec: EnvironmentSpec, host: HostInfo) -> Preflight:
     """The mode's own verdict; a mode that cannot load, or whose check raises, is not ok."""
