@@ -28,8 +28,9 @@ ALIVE_REFRESH_S = 5
 REDIS_RETRIES = 240  # with a 0.5 s cap: rides over a redis-server restart of a minute or two
 DEFAULT_PORT = 6379
 # dispatch, status and rerun ask the broker before they change anything: connect and PING
-# each get this long, so a dead or silent broker is reported within 5 s of the command's start.
-CHECK_TIMEOUT_S = 2.0
+# each get this long (a lab broker answers in milliseconds), so a dead or silent broker is
+# reported within 5 s of the command's start, interpreter start-up included.
+CHECK_TIMEOUT_S = 1.5
 
 
 def redis_client(url: str) -> redis.Redis:

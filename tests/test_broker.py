@@ -15,6 +15,9 @@ import psutil
 import pytest
 import redis
 
+from coordinator.campaign import expand
+from coordinator.dispatch import with_task_ids
+from coordinator.plan import parse_plan
 from coordinator.store import Store
 from tasks.app import checked_broker_url
 from tasks.broker import check_broker
@@ -114,6 +117,21 @@ def test_dispatch_and_status_with_a_dead_broker_create_nothing(
         assert SECRET not in out.stdout + out.stderr
         assert elapsed < 2 * CHECK_BOUND_S, elapsed  # the check's own bound is tested above
     assert not data.exists()
+
+
+def test_rerun_with_a_dead_broker_plans_nothing(silent_port: int, tmp_path: Path) -> None:
+    """rerun of a stored campaign's task exits 2 and leaves campaign.json byte for byte."""
+    store = Store(tmp_path / "data")
+    plan = parse_plan(write_plan(tmp_path / "plan.toml").read_text())
+    specs = with_task_ids(expand(plan, ["lab-a"], "c-20261201-abcd", str(tmp_path / "w")))
+    store.create_campaign("", plan, specs)
+    before = (store.campaign_dir("c-20261201-abcd") / "campaign.json").read_bytes()
+    env = {**os.environ, "SANDBENCH_BROKER": f"redis://:{SECRET}@127.0.0.1:{silent_port}/0"}
+    out = subprocess.run([PYTHON, "-m", "coordinator", "rerun", str(specs[0].task_id), "--data",
+                          str(store.root)], env=env, cwd=REPO, capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert out.returncode == 2 and "broker unreachable at 127.0.0.1:" in out.stderr, out.stderr
+    assert (store.campaign_dir("c-20261201-abcd") / "campaign.json").read_bytes() == before
 
 
 def test_a_password_given_as_an_option_is_refused(tmp_path: Path) -> None:
