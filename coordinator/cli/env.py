@@ -19,8 +19,9 @@ import click
 from coordinator.plan import MAX_LIMIT_S
 from tasks.errors import PlanError, WorkloadError
 from tasks.names import check_name
+from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.records import EnvironmentRecord, EnvironmentSpec
-from worker.modes import HostInfo, get_mode
+from worker.modes import get_mode
 from worker.runner import run_environment
 
 MAX_ROUNDS = 10  # fixtures prepare state for at most this many rounds
@@ -40,7 +41,7 @@ def env_group() -> None:
 @click.option("--limit-s", type=float, default=90.0, show_default=True, help="Limit in seconds.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Fixture seed.")
 @click.option("--work-root", type=click.Path(path_type=Path), default=None,
-              help="Where workspaces and fixtures go (default /var/tmp/sandbench).")  # fmt: skip
+              help=f"Where workspaces and fixtures go (default {DEFAULT_WORK_ROOT}).")  # fmt: skip
 @click.option("--template", default=None, help="Command template (makes a command mode).")
 @click.option("--json", "as_json", is_flag=True, help="Print the record as JSON.")
 def run_env(
@@ -77,7 +78,7 @@ def build_spec(
     options: dict[str, Any] = {"template": template} if template else {}
     get_mode(mode, options)  # unknown mode: ModeUnavailable naming the modes
     get_workload(workload)  # unknown workload: WorkloadError naming a near match
-    root = (work_root or HostInfo().work_root).absolute()
+    root = (work_root or DEFAULT_WORK_ROOT).absolute()
     return EnvironmentSpec(
         campaign=time.strftime("adhoc-%Y%m%d-%H%M%S"),
         host=check_name(socket.gethostname(), "this host's name"), mode=mode,

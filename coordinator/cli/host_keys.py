@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from coordinator.registry import HostRegistry
-from tasks.paths import sandbench_home
+from tasks.paths import DEFAULT_HOME, sandbench_home
 from tasks.signing import KEY_FILE, HostKey
 
 REGISTRY_FILE = "hosts.json"
@@ -17,7 +17,7 @@ REGISTRY_FILE = "hosts.json"
 @click.command("init")
 @click.option(
     "--home", type=click.Path(path_type=Path), default=None,
-    help="Directory of the key and registry (default $SANDBENCH_HOME or /var/lib/sandbench).",
+    help=f"Directory of the key and registry (default $SANDBENCH_HOME or {DEFAULT_HOME}).",
 )  # fmt: skip
 @click.option("--name", default=None, help="Host name for a new key (default: the hostname).")
 @click.option("--quiet", is_flag=True, help="Print nothing (for set-up scripts).")
