@@ -165,7 +165,14 @@ def startup_range(t: HostTables, stem: Path | None) -> Plot | None:
         c.line(scale(lows[i]), y, scale(highs[i]), y, svg.color(k), 2)
         vals = ready.get(mode, np.array([]))
         ys = y + svg.spread(len(vals), row_h * 0.6)
-        c.dots(scale.many(vals), ys, POINT_COLOR, 3.0, 0.5, ENV_CLASS)
+        c.dots(
+            scale.many(vals),
+            ys,
+            POINT_COLOR,
+            4.0 if len(vals) <= MANY_POINTS else 2.5,
+            0.5,
+            ENV_CLASS,
+        )
         c.rect(scale(meds[i]) - 1.5, y - 9, 3, 18, "#000", tip=f"{mode}: median {meds[i]:.4g} ms")
     caption = (
         "Ready in ms from the marker to the payload's ready line, over passed "
