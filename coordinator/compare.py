@@ -136,6 +136,7 @@ def load_side(store: Store, text: str) -> Side:
     ident, mode = parse_side(text)
     path = Path(ident)
     if (path / CAMPAIGN_FILE).is_file():  # a campaign directory, e.g. copied from another lab
+        path = path.resolve()  # "." too: its name is the campaign id
         store, ident = Store(path.parent), path.name
     campaign = store.campaign_view(ident)
     analysis, records = analyze_stored(store, campaign)
