@@ -14,7 +14,7 @@ from typing import Any
 from tasks.errors import HostKeyError
 from tasks.names import check_name
 from tasks.paths import sandbench_home
-from tasks.signing import public_key_from_b64
+from tasks.signing import fingerprint, public_key_from_b64
 
 REGISTRY_FILE = "hosts.json"
 
@@ -58,16 +58,26 @@ class HostRegistry:
             if old is not None and old["public_key"] == pubkey_b64:
                 return False
             if old is not None and not replace:
-                raise HostKeyError(
-                    f"host '{name}' is already registered with another key; remove it from "
-                    f"{self.path} first if the host's key really changed"
-                )
+                raise self._changed_key(name, old["public_key"], pubkey_b64)
             added = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            data["hosts"][name] = {"public_key": pubkey_b64, "added_at": added}
+            entry: dict[str, Any] = {"public_key": pubkey_b64, "added_at": added}
+            if old is not None:  # the replaced key stays on file, for the record
+                entry["replaced"] = [*old.pop("replaced", []), {**old, "replaced_at": added}]
+            data["hosts"][name] = entry
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
             os.replace(tmp, self.path)
         return True
+
+    def _changed_key(self, name: str, registered: str, presented: str) -> HostKeyError:
+        """The refusal of another key under a registered name, with the command to replace it."""
+        return HostKeyError(
+            f"host '{name}' is already registered with another key: registered fingerprint "
+            f"{fingerprint(registered)}, presented {fingerprint(presented)} ({self.path}). "
+            "Refused: another machine may be answering under this name. If the host's key "
+            f"really changed, replace it on purpose: sandbench hosts add --replace {name} "
+            f"{presented}"
+        )
 
     def public_key(self, name: str) -> str:
         """The registered base64 public key of ``name``."""
@@ -84,9 +94,9 @@ class HostRegistry:
         """Registered host names, sorted."""
         return sorted(self._read()["hosts"])
 
-    def entries(self) -> dict[str, dict[str, str]]:
-        """Every registered host with its key and registration time."""
-        hosts: dict[str, dict[str, str]] = self._read()["hosts"]
+    def entries(self) -> dict[str, dict[str, Any]]:
+        """Every registered host with its key, registration time and replaced keys."""
+        hosts: dict[str, dict[str, Any]] = self._read()["hosts"]
         return hosts
 
     def __contains__(self, name: object) -> bool:

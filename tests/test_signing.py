@@ -122,3 +122,33 @@ def test_host_init_is_idempotent_and_hosts_add_list(tmp_path: Path) -> None:
     assert f"lab-a  {pub}" in listed and f"lab-b  {other}" in listed
     bad = _cli("hosts", "add", "lab-b", HostKey.generate("x").public_b64(), "--registry", reg)
     assert bad.returncode == 2 and "already registered with another key" in bad.stderr
+
+
+def test_host_init_exports_the_public_key_alone(tmp_path: Path) -> None:
+    """`host init --export DIR` writes DIR/NAME.pub holding the public key and nothing private."""
+    home, out = tmp_path / "home", tmp_path / "pubkeys" / "lab-a"
+    done = _cli("host", "init", "--home", str(home), "--name", "lab-a", "--export", str(out))
+    assert done.returncode == 0, done.stderr
+    key = HostKey.load(home / "host.key")
+    assert sorted(p.name for p in out.iterdir()) == ["lab-a.pub"]
+    assert (out / "lab-a.pub").read_text() == key.public_b64() + "\n"
+    assert (out / "lab-a.pub").stat().st_mode & 0o777 == 0o644
+
+
+def test_changed_key_is_refused_naming_both_fingerprints_and_the_fix(tmp_path: Path) -> None:
+    """Another key under a known name exits 2 with both fingerprints; --replace keeps the old."""
+    reg = str(tmp_path / "hosts.json")
+    old, new = HostKey.generate("lab-a"), HostKey.generate("lab-a")
+    assert _cli("hosts", "add", "lab-a", old.public_b64(), "--registry", reg).returncode == 0
+    refused = _cli("hosts", "add", "lab-a", new.public_b64(), "--registry", reg)
+    assert refused.returncode == 2
+    old_print, new_print = old.key_id.split(":")[1], new.key_id.split(":")[1]
+    assert f"registered fingerprint {old_print}, presented {new_print}" in refused.stderr
+    fix = f"sandbench hosts add --replace lab-a {new.public_b64()}"
+    assert fix in refused.stderr
+    assert HostRegistry(Path(reg)).public_key("lab-a") == old.public_b64()
+    replaced = _cli(*fix.split()[1:], "--registry", reg)
+    assert replaced.returncode == 0 and f"{old_print} -> {new_print}" in replaced.stdout
+    entry = HostRegistry(Path(reg)).entries()["lab-a"]
+    assert entry["public_key"] == new.public_b64()
+    assert [r["public_key"] for r in entry["replaced"]] == [old.public_b64()]

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
 
 from coordinator.registry import HostRegistry
 from tasks.paths import DEFAULT_HOME, sandbench_home
-from tasks.signing import KEY_FILE, HostKey
+from tasks.signing import KEY_FILE, HostKey, fingerprint
 
 REGISTRY_FILE = "hosts.json"
+PUBLIC_SUFFIX = ".pub"
 
 
 @click.command("init")
@@ -21,13 +23,21 @@ REGISTRY_FILE = "hosts.json"
 )  # fmt: skip
 @click.option("--name", default=None, help="Host name for a new key (default: the hostname).")
 @click.option("--quiet", is_flag=True, help="Print nothing (for set-up scripts).")
-def host_init(home: Path | None, name: str | None, quiet: bool) -> None:
+@click.option(
+    "--export", "export_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="Also write the public key (only) to EXPORT/NAME.pub, for the coordinator to register.",
+)  # fmt: skip
+def host_init(home: Path | None, name: str | None, quiet: bool, export_dir: Path | None) -> None:
     """Create this host's Ed25519 key if absent (idempotent) and trust it locally."""
     home = home or sandbench_home()
     path = home / KEY_FILE
     existed = path.exists()
     key = HostKey.load_or_create(path, name=name)
     HostRegistry(home / REGISTRY_FILE).add(key.name, key.public_b64())
+    if export_dir is not None:
+        exported = export_public_key(key, export_dir)
+        if not quiet:
+            click.echo(f"public key of '{key.name}' exported to {exported}")
     if quiet:
         return
     click.echo(
@@ -37,16 +47,37 @@ def host_init(home: Path | None, name: str | None, quiet: bool) -> None:
     click.echo(f"  sandbench hosts add {key.name} {key.public_b64()}")
 
 
+def export_public_key(key: HostKey, directory: Path) -> Path:
+    """Write ``key``'s public half alone to ``directory/NAME.pub`` (atomically); its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"{key.name}{PUBLIC_SUFFIX}"
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(key.public_b64() + "\n")
+    tmp.chmod(0o644)
+    os.replace(tmp, target)
+    return target
+
+
 @click.command("add")
 @click.argument("name")
 @click.argument("pubkey")
 @click.option("--registry", "registry_path", type=click.Path(path_type=Path), default=None,
               help="Registry file (default $SANDBENCH_HOME/hosts.json).")  # fmt: skip
-def hosts_add(name: str, pubkey: str, registry_path: Path | None) -> None:
+@click.option("--replace", is_flag=True,
+              help="Replace NAME's registered key (the old one stays on file).")  # fmt: skip
+def hosts_add(name: str, pubkey: str, registry_path: Path | None, replace: bool) -> None:
     """Trust host NAME's records signed with PUBKEY (base64, from 'sandbench host init')."""
     registry = HostRegistry(registry_path)
-    added = registry.add(name, pubkey)
-    click.echo(f"{'added' if added else 'already registered'}: {name} in {registry.path}")
+    old = registry.entries().get(name)
+    if not registry.add(name, pubkey, replace=replace):
+        click.echo(f"already registered: {name} in {registry.path}")
+    elif old is None:
+        click.echo(f"added: {name} in {registry.path} (fingerprint {fingerprint(pubkey)})")
+    else:
+        click.echo(
+            f"replaced: {name} in {registry.path}: fingerprint "
+            f"{fingerprint(old['public_key'])} -> {fingerprint(pubkey)}"
+        )
 
 
 @click.command("list")
