@@ -1,11 +1,9 @@
-"""Flower watches the fleet: its HTTP API lists a running campaign's tasks by name."""
+"""Flower watches the fleet: its API lists a running campaign's tasks by name, read-only."""
 
 from __future__ import annotations
 
-import base64
 import json
-import urllib.error
-import urllib.request
+import time
 from typing import Any
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from coordinator.store import Store
 from tests.fleet_helpers import (
     PYTHON,
+    Fleet,
     dispatch,
     free_port,
     make_fleet,
@@ -22,47 +21,34 @@ from tests.fleet_helpers import (
     wait_until,
     write_plan,
 )
+from tests.flower_view import ACTIONS, FlowerView
 
 pytestmark = pytest.mark.fleet
 __all__ = ["make_fleet"]
 
 FLOWER_USER, FLOWER_PASSWORD = "lab", "flower-test-secret"
+QUIET_S = 3.0  # how long a refused action has to show any effect before we call it inert
 
 
-def _get(url: str, auth: bool = True) -> Any:
-    """GET ``url`` from Flower (with basic auth unless told otherwise) as parsed JSON."""
-    request = urllib.request.Request(url)
-    if auth:
-        token = base64.b64encode(f"{FLOWER_USER}:{FLOWER_PASSWORD}".encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return json.loads(response.read())
-
-
-def _answers(url: str) -> bool:
-    """Whether Flower answers at ``url`` yet."""
-    try:
-        _get(url)
-        return True
-    except (urllib.error.URLError, ConnectionError):
-        return False
-
-
-def test_flower_api_lists_the_running_campaign_by_task_name(make_fleet: Any) -> None:
-    """While a campaign runs, Flower's /api/tasks lists its environments by name, behind auth."""
-    fleet = make_fleet(["lab-a"])
-    fleet.register_hosts()
+def start_flower(fleet: Fleet) -> FlowerView:
+    """``sandbench flower`` for ``fleet`` on a free port, answering; its view."""
     port = free_port()
     env = fleet.env(fleet.coordinator_home, fleet.redis.url())
     env["SANDBENCH_FLOWER_AUTH"] = f"{FLOWER_USER}:{FLOWER_PASSWORD}"
     flower = fleet.spawn(
         [PYTHON, "-m", "coordinator", "flower", "--port", str(port)], env, "flower"
     )
-    base = f"http://127.0.0.1:{port}"
-    wait_until(
-        lambda: _answers(f"{base}/api/workers?refresh=0") or not flower.alive(), 60, "Flower"
-    )
+    view = FlowerView(f"http://127.0.0.1:{port}", FLOWER_USER, FLOWER_PASSWORD)
+    wait_until(lambda: view.answers() or not flower.alive(), 60, "Flower")
     assert flower.alive(), flower.text()
+    return view
+
+
+def test_flower_api_lists_the_running_campaign_by_task_name(make_fleet: Any) -> None:
+    """While a campaign runs, Flower's /api/tasks lists its environments by name, behind auth."""
+    fleet = make_fleet(["lab-a"])
+    fleet.register_hosts()
+    view = start_flower(fleet)
     fleet.start_worker("lab-a")
     fleet.start_coordinator()
     plan = write_plan(fleet.root / "plan.toml", environments=3, rounds=1, workloads=["publish"],
@@ -70,20 +56,39 @@ def test_flower_api_lists_the_running_campaign_by_task_name(make_fleet: Any) -> 
     campaign = dispatch(fleet, plan, "lab-a")
     planned = {s.task_id for s in Store(fleet.data).load_campaign(campaign).specs}
 
-    def listed() -> dict[str, Any]:
-        tasks = _get(f"{base}/api/tasks?taskname=run_environment")
-        return {k: v for k, v in tasks.items() if k in planned}
-
     def all_listed() -> dict[str, Any]:
-        tasks = listed()
+        tasks = {k: v for k, v in view.tasks().items() if k in planned}
         return tasks if len(tasks) == len(planned) else {}
 
     seen = wait_until(all_listed, 60, "Flower to list every task")
     assert not status(fleet, campaign)["finished"], "the campaign should still be running"
     assert {t["name"] for t in seen.values()} == {"run_environment"}
     assert all("lab-a slow/publish #" in t["args"] for t in seen.values()), seen
-    with pytest.raises(urllib.error.HTTPError) as denied:
-        _get(f"{base}/api/tasks", auth=False)
-    denied.value.close()
-    assert denied.value.code == 401
+    assert view.get("/api/tasks", auth=False)[0] == 401
     wait_finished(fleet, campaign)
+
+
+def test_flower_refuses_every_action_and_no_task_runs(make_fleet: Any) -> None:
+    """POSTs that would apply, send, revoke a task or control a worker get 403; nothing runs."""
+    fleet = make_fleet(["lab-a"])
+    fleet.register_hosts()
+    view = start_flower(fleet)
+    worker = fleet.start_worker("lab-a")
+    name = wait_until(lambda: list(view.json("/api/workers?refresh=1")), 60, "lab-a in Flower")[0]
+    spec = {"campaign": "c-flower", "host": "lab-a", "mode": "native", "workload": "publish",
+            "env_index": 0, "work_root": str(fleet.hosts["lab-a"].work_root)}  # fmt: skip
+    refused = {}
+    for action, (template, body) in ACTIONS.items():
+        path = template.format(task="run_environment", task_id="0" * 32, worker=name)
+        refused[action] = view.post(path, {**body, "args": [spec]} if "args" in body else body)
+    assert {a: code for a, (code, _) in refused.items()} == dict.fromkeys(ACTIONS, 403), refused
+    assert all("Read only mode is enabled" in text for _, text in refused.values()), refused
+    time.sleep(QUIET_S)
+    client = fleet.redis.client()
+    try:
+        assert client.llen("host.lab-a") == 0 and client.llen("coordinator") == 0
+    finally:
+        client.close()
+    assert view.tasks() == {} and view.tasks("finalize_host") == {}
+    assert worker.alive() and "run_environment[" not in worker.text(), worker.text()[-2000:]
+    assert json.loads(view.get("/api/workers?refresh=1")[1]).keys() == {name}

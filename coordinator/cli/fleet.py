@@ -18,7 +18,6 @@ BROKER_HELP = (
     "broker URL without a password (default: $SANDBENCH_BROKER, else redis://127.0.0.1:6379/0)"
 )
 DATA_HELP = "data directory of the store"
-FLOWER_AUTH_ENVS = ("SANDBENCH_FLOWER_AUTH", "FLOWER_BASIC_AUTH")
 FOLLOW_INTERVAL_S = 2.0
 WORKER_CONCURRENCY = "1"  # one environment at a time per host, whatever its CPU count
 
@@ -218,12 +217,12 @@ def rerun_cmd(
 @click.option("--port", default=5555, show_default=True)
 @click.option("--address", default="127.0.0.1", show_default=True)
 def flower_cmd(broker: str | None, port: int, address: str) -> None:
-    """Watch the fleet in Flower, behind basic auth (user:password from the environment)."""
-    auth = next((os.environ[e] for e in FLOWER_AUTH_ENVS if os.environ.get(e)), None)
-    if not auth or ":" not in auth:
-        raise FleetError("Flower needs basic auth: set SANDBENCH_FLOWER_AUTH=user:password")
-    os.environ["FLOWER_BASIC_AUTH"] = auth  # from the environment, never on the command line
-    _app(broker).start(["flower", f"--port={port}", f"--address={address}"])
+    """Watch the fleet in Flower: read-only, behind basic auth (user:password from the env)."""
+    from coordinator.flower import basic_auth, flower_argv, require_read_only
+
+    os.environ["FLOWER_BASIC_AUTH"] = basic_auth()  # from the environment, never on a command line
+    require_read_only()
+    _app(broker).start(flower_argv(port, address))
 
 
 def register(main: click.Group) -> None:
