@@ -1,15 +1,13 @@
 #!/bin/sh
-# docker-compose entry of the coordinator: wait for every lab host's key in the shared volume,
-# trust them, then run the coordinator next to the store.
+# docker-compose entry of the coordinator: wait for each lab host's exported public key, trust
+# it (a key that changed under a known name is refused: this script then stops with the reason),
+# then run the coordinator next to the store. No private key is ever visible here.
 set -eu
-homes=/var/lib/sandbench/home
+pubkeys=/var/lib/sandbench/pubkeys
 for host in $(echo "${SANDBENCH_FLEET_HOSTS:-lab-a,lab-b}" | tr ',' ' '); do
-  while [ ! -s "$homes/$host/host.key" ]; do
-    echo "waiting for the key of $host in $homes/$host"; sleep 2
+  while [ ! -s "$pubkeys/$host/$host.pub" ]; do
+    echo "waiting for the public key of $host in $pubkeys/$host"; sleep 1
   done
-  pub=$(python -c 'import sys
-from tasks.signing import HostKey
-print(HostKey.load(sys.argv[1]).public_b64())' "$homes/$host/host.key")
-  sandbench hosts add "$host" "$pub" || true
+  sandbench hosts add "$host" "$(cat "$pubkeys/$host/$host.pub")"
 done
 exec sandbench coordinator --data /var/lib/sandbench/data

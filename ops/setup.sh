@@ -16,8 +16,8 @@ APT_PACKAGES=(
   docker.io                                  # docker mode (sandbench starts a private dockerd)
   podman conmon runc crun                    # podman mode (private store; runc or crun per host)
   qemu-system-x86 busybox-static cpio        # VM modes and their initramfs
-  chromium                                   # report screenshot test (headless)
-  docker-compose                             # validates docker-compose.yml (`docker-compose config`)
+  chromium                                   # report and Flower screenshot tests (headless)
+  docker-compose mmdebstrap                  # the compose fleet; its base image from Debian's archive
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -61,7 +61,12 @@ def test_docker_compose_file_is_valid() -> None:
     full = subprocess.run([compose, "config"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=60).stdout  # fmt: skip
     assert "--requirepass" in full and "SANDBENCH_FLOWER_AUTH: a:b" in full
-    assert full.count("sandbench-data:/var/lib/sandbench") == 4  # coordinator, workers, flower
+    for host in ("lab-a", "lab-b"):  # keys apart: a private key on one volume, in one service
+        assert full.count(f"- {host}-home:") == 1
+        assert full.count(f"- {host}-home:/var/lib/sandbench/home:rw") == 1
+        assert full.count(f"- {host}-pub:/var/lib/sandbench/pubkeys/{host}:rw") == 1
+        assert full.count(f"- {host}-pub:/var/lib/sandbench/pubkeys/{host}:ro") == 1
+    assert full.count("- coordinator-data:") == 1 and "sandbench-data" not in full
     missing = subprocess.run([compose, "config"], cwd=REPO, env={"PATH": "/usr/bin:/bin"},
                              capture_output=True, text=True, timeout=60)  # fmt: skip
     assert missing.returncode != 0 and "SANDBENCH_REDIS_PASSWORD" in missing.stderr

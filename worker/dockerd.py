@@ -52,12 +52,15 @@ ON_DEMAND_MARK = "on-demand"  # present while the daemon was started on demand (
 # State directory -> descriptor of this process's shared lock on its ``users.lock``.
 _USERS: dict[Path, int] = {}
 
-# The daemon needs no network of its own: containers run with --network none.
+# The daemon needs no network of its own: environment containers run with --network none and
+# the host's firewall is never touched. The compose fleet's own networks still work between its
+# containers, and a port it publishes (Flower's) reaches the host through docker's userland
+# proxy (docker-proxy), the one way to publish without iptables rules.
 DAEMON_FLAGS = (
     "--bridge=none",
     "--iptables=false",
     "--ip-masq=false",
-    "--userland-proxy=false",
+    "--userland-proxy=true",
     "--exec-opt=native.cgroupdriver=cgroupfs",
     "--shutdown-timeout=2",
     "--log-level=warn",

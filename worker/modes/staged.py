@@ -68,10 +68,13 @@ class StagedMode:
     staged = True
 
     def preflight(self, host: HostInfo) -> Preflight:
-        """overlayfs is available and this process may mount it."""
+        """overlayfs is available and this process may mount it on the work root's filesystem."""
         if "overlay" not in Path("/proc/filesystems").read_text():
             return Preflight(False, "the kernel has no overlayfs (modprobe overlay)")
-        with tempfile.TemporaryDirectory(prefix="sandbench-probe-") as tmp:
+        # Probe where environments run: an upper dir on overlayfs itself (a container's root)
+        # is refused while the work root, on a volume, works.
+        where = host.work_root if host.work_root.is_dir() else None
+        with tempfile.TemporaryDirectory(prefix="sandbench-probe-", dir=where) as tmp:
             dirs = [Path(tmp, name) for name in ("lower", "upper", "work", "merged")]
             for path in dirs:
                 path.mkdir()
