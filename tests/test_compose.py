@@ -117,6 +117,7 @@ def test_compose_fleet_runs_a_plan_on_both_workers_and_goes_away(
     """Up: keys apart, a plan on both workers verified and read from the host, Flower read-only
     with a screenshot, a changed key refused; down -v: nothing of the fleet left."""
     registered = _registered_public_keys(compose)
+    _assert_no_secret_on_a_command_line(compose)
     _assert_keys_apart(compose, registered)
     campaign, data = _run_plan(compose, tmp_path)
     _assert_flower_watches(compose, campaign, data, tmp_path)
@@ -140,6 +141,16 @@ def _registered_public_keys(compose: Compose) -> dict[str, str]:
                       "the coordinator to register lab-a and lab-b")  # fmt: skip
     assert isinstance(keys, dict)
     return keys
+
+
+def _assert_no_secret_on_a_command_line(compose: Compose) -> None:
+    """Neither the Redis nor the Flower password shows in any process's command line."""
+    secrets_ = (compose.env["SANDBENCH_REDIS_PASSWORD"],
+                compose.env["SANDBENCH_FLOWER_AUTH"].split(":", 1)[1])  # fmt: skip
+    assert compose.sh("redis", "redis-cli ping 2>&1").strip() != "PONG"  # a password is needed
+    for proc in psutil.process_iter(["cmdline"]):
+        line = " ".join(proc.info["cmdline"] or [])
+        assert not any(s in line for s in secrets_), (proc.pid, line)
 
 
 def _assert_keys_apart(compose: Compose, registered: dict[str, str]) -> None:
