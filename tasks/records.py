@@ -3,6 +3,8 @@
 Record format versions (bump ``SCHEMA_VERSION`` and list every change here):
 
 * 1 -- first version (design's record fields plus ``seed``, ``scale``, ``tools``, ``accel``).
+* 2 -- optional ``leftover_processes``: processes left in the environment's cgroup when the
+  launcher exited, killed at once (absent when the launcher did not exit by itself).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.names import Name
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 Outcome = Literal["passed", "failed", "not-run"]
 FailureClass = Literal["startup", "task", "resource"]
@@ -147,6 +149,7 @@ class EnvironmentRecord(BaseModel):
     exit_code: int | None = None
     oracle: OracleResult | None = None
     original_intact: bool | None = None
+    leftover_processes: int | None = None
     cpu_s: float | None = None
     peak_memory_bytes: int | None = None
     started_at: str | None = None

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.store import Store
-from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE
+from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, SCHEMA_VERSION
 
 FAILING_PLAN = """
 name = "rule"
@@ -178,7 +178,8 @@ def test_sigint_mid_environment_then_resume_records_each_once(lab: Lab) -> None:
     out = lab.sandbench("run", "--resume", cid, "--json", *lab.run_args())
     assert _campaign_id(out.stdout) == cid
     printed = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert [p["schema"] for p in printed] == [1, 1, 1] and all(p["signature"] for p in printed)
+    assert [p["schema"] for p in printed] == [SCHEMA_VERSION] * 3
+    assert all(p["signature"] for p in printed)
     recs = Store(lab.data).records(cid)
     assert sorted(r.env_index for r in recs) == [0, 1, 2]
     assert [r.outcome for r in recs] == ["passed"] * 3

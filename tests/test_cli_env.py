@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tasks.records import SCHEMA_VERSION
 from worker.modes import mode_names
 
 READY_LINE = '{"op": "ready"}'
@@ -44,7 +45,7 @@ def test_env_run_json_prints_a_passing_record(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     record = json.loads(done.stdout)
-    assert record["schema"] == 1 and record["outcome"] == "passed"
+    assert record["schema"] == SCHEMA_VERSION and record["outcome"] == "passed"
     assert [r["k"] for r in record["rounds"]] == [1, 2] and record["ready_ms"] > 0
     assert record["mode"] == "native" and record["workload"] == "append-fsync"
 

@@ -1,4 +1,4 @@
-"""The runner: a passing environment's record, and every failure reason from a real cause."""
+"""The runner: a passing record, the quota, and failures test_faults does not inject."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ import pytest
 
 from tasks.records import REASONS, EnvironmentRecord, EnvironmentSpec, Quota
 from worker.runner import run_environment
-
-PAYLOAD_READY = '{"op": "ready"}'
 
 
 @pytest.fixture(scope="module")
@@ -62,24 +60,9 @@ def test_passing_record_has_every_field(root: Path) -> None:
     assert record.provenance["preflight"]["ok"] and record.provenance["cgroup_version"] in (1, 2)
 
 
-def test_launcher_error(root: Path) -> None:
-    """A launcher binary that does not exist is a startup failure, launcher-error."""
-    record = run(root, template=["/nonexistent/sandbench-runtime", "{payload_argv}"])
-    assert_failed(record, "launcher-error")
-    assert record.ready_ms is None and record.rounds == []
-
-
 def test_launcher_error_through_a_shell(root: Path) -> None:
     """A shell template whose program is missing (exit 127 before Ready) is launcher-error too."""
     assert_failed(run(root, template="/nonexistent/runtime {payload_argv}"), "launcher-error")
-
-
-@pytest.mark.parametrize("template", [["/bin/true"], ["/bin/sleep", "61.9"]])
-def test_no_ready(root: Path, template: list[str]) -> None:
-    """A payload that exits or stalls without its ready line is no-ready (limit: 1.5 s)."""
-    record = run(root, template=template, limit_s=1.5)
-    assert_failed(record, "no-ready")
-    assert record.ready_ms is None
 
 
 def test_round_error(root: Path) -> None:
@@ -87,40 +70,6 @@ def test_round_error(root: Path) -> None:
     record = run(root, "read-large", template="rm {workspace}/large.bin && exec {payload_argv}")
     assert_failed(record, "round-error")
     assert "large.bin" in (record.detail or "") and record.rounds == []
-
-
-def test_validation_failed(root: Path) -> None:
-    """A round whose check fails (the large file was corrupted) is validation-failed."""
-    flip = "printf X | dd of={workspace}/large.bin conv=notrunc status=none && exec {payload_argv}"
-    record = run(root, "read-large", template=flip)
-    assert_failed(record, "validation-failed")
-    assert [r.validated for r in record.rounds] == [False]
-
-
-def test_nonzero_exit(root: Path) -> None:
-    """A launcher that exits nonzero after the payload's rounds is nonzero-exit."""
-    record = run(root, template="{payload_argv}; exit 3")
-    assert_failed(record, "nonzero-exit")
-    assert record.exit_code == 3 and len(record.rounds) == 3
-
-
-def test_oracle_mismatch(root: Path) -> None:
-    """A stray file in the final state is an oracle mismatch naming the path."""
-    record = run(root, template="{payload_argv} && echo stray > {workspace}/stray.txt")
-    assert_failed(record, "oracle-mismatch")
-    assert record.oracle is not None and any("stray.txt" in m for m in record.oracle.mismatches)
-
-
-def test_workspace_modified(root: Path) -> None:
-    """A staged runtime that writes into the original workspace is workspace-modified."""
-    options = {
-        "staged": True, "prepare": ["cp", "-a", "{workspace}/.", "{env_dir}/copy"],
-        "root": "{env_dir}/copy",
-    }  # fmt: skip
-    record = run(root, template="touch {workspace}/oops && exec {payload_argv}", options=options)
-    assert_failed(record, "workspace-modified")
-    assert record.oracle is not None and record.oracle.ok
-    assert record.original_intact is False and "oops" in (record.detail or "")
 
 
 def test_timeout_kills_the_tree_and_cleans_up(root: Path) -> None:
@@ -132,21 +81,6 @@ def test_timeout_kills_the_tree_and_cleans_up(root: Path) -> None:
     assert len(record.rounds) == 3
     left = [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
     assert left == []
-
-
-def test_timeout_in_a_round(root: Path) -> None:
-    """A payload that stalls inside a round is a timeout with no round recorded."""
-    template = f"echo '{PAYLOAD_READY}'; exec sleep 61.8"
-    record = run(root, template=template, limit_s=1.5)
-    assert_failed(record, "timeout")
-    assert record.ready_ms is not None and record.rounds == []
-
-
-def test_oom(root: Path) -> None:
-    """A memory limit below the build's need: cc1 is OOM-killed and the record says oom."""
-    record = run(root, "incremental-build", scale=0.1, quota=Quota(memory_bytes=12 << 20))
-    assert_failed(record, "oom")
-    assert record.failure_class == "resource"
 
 
 @pytest.fixture

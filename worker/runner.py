@@ -11,9 +11,13 @@ record exists for that environment, so a resumed campaign runs it again from scr
 
 Classification: the first failure decides, except that an OOM kill in the environment's
 cgroup (even one the task survived) makes it ``oom``, and a full disk behind a failure makes
-it ``no-space``. The limit reached before the ready line is ``no-ready`` (the startup never
-completed); after it, ``timeout``. A launcher that cannot be spawned, or a shell template that
-exits 126/127 before Ready, is ``launcher-error``. Only completed rounds are recorded, so a
+it ``no-space``. The limit is ``timeout`` wherever it is reached, and its detail names it
+("limit of N s reached before Ready", "... in round k", "... in round k's sync"); a payload
+that ends or writes something else before its ready line is ``no-ready``. A launcher that
+cannot be spawned, or a shell template that exits 126/127 before Ready, is
+``launcher-error``. When the launcher exits, whatever it left in the environment's cgroup is
+killed at once and counted (``leftover_processes``); the outcome still follows the payload's
+rounds, the exit status and the oracle. Only completed rounds are recorded, so a
 failure never shows a round time of zero. The runner does not gate on the mode's preflight
 (``worker.gate`` does); it records the preflight's verdict and facts in ``provenance``.
 """
@@ -204,7 +208,7 @@ class _Run:
                 )  # fmt: skip
             except (OSError, subprocess.SubprocessError) as exc:
                 raise Failed("launcher-error", f"cannot start {argv[0]}: {exc}") from exc
-        deadline = t0 + int(self.spec.limit_s * 1e9)
+        deadline = self.env.deadline_ns = t0 + int(self.spec.limit_s * 1e9)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         channel = Channel(self.proc.stdin, self.proc.stdout, self.stop)
         try:
@@ -225,6 +229,8 @@ class _Run:
             message = channel.receive(deadline)
         except ChannelStopped:
             raise
+        except ChannelTimeout as exc:
+            raise Failed("timeout", f"{self._limit()} reached before Ready") from exc
         except ChannelError as exc:
             closed = isinstance(exc, ChannelClosed)
             detail = self._died(f"no ready line: {exc}", before_ready=True, closed=closed)
@@ -241,6 +247,8 @@ class _Run:
         try:
             self.mode.sync(self.env, k)
         except Exception as exc:  # the mode's synchronization is part of the round
+            if time.monotonic_ns() >= deadline:  # it ran out of the environment's time
+                raise Failed("timeout", f"{self._limit()} reached in round {k}'s sync") from exc
             raise Failed(_os_reason(exc, "round-error"), f"round {k} sync: {exc}") from exc
         task_s = (time.monotonic_ns() - start) / 1e9
         checked = self._check(channel, k, deadline)  # the clock has stopped: validation
@@ -252,7 +260,7 @@ class _Run:
         if not validated:
             raise Failed("validation-failed", f"round {k}: the payload's check failed")
         if time.monotonic_ns() > deadline:
-            raise Failed("timeout", f"limit of {self.spec.limit_s} s reached in round {k}")
+            raise Failed("timeout", f"{self._limit()} reached in round {k}")
 
     def _check(self, channel: Channel, k: int, deadline: int) -> Message:
         """Ask the payload to check round ``k`` (and prepare k+1's inputs), outside the clock."""
@@ -268,10 +276,11 @@ class _Run:
             message = channel.receive(deadline)
         except ChannelStopped:
             raise
+        except ChannelTimeout as exc:
+            raise Failed("timeout", f"{self._limit()} reached in {what}") from exc
         except ChannelError as exc:
             closed = isinstance(exc, ChannelClosed)
-            detail = self._died(f"{what}: {exc}", closed=closed)
-            raise Failed(self._channel_reason(exc), detail) from exc
+            raise Failed("round-error", self._died(f"{what}: {exc}", closed=closed)) from exc
         if message.op == "error":
             raise Failed("round-error", f"{what}: {message.body.get('message', message.body)}")
         if message.op != answer or message.body.get("k") != request["k"]:
@@ -279,18 +288,29 @@ class _Run:
         return message
 
     def _exit(self, channel: Channel, deadline: int) -> None:
-        """Send exit; the launcher and its whole tree must be gone before the deadline."""
-        assert self.proc is not None and self.cgroup is not None
+        """Send exit; the launcher must exit before the deadline; what it left is killed."""
+        assert self.proc is not None
         with contextlib.suppress(ChannelClosed):
             channel.send({"op": "exit"})
         code = self._wait_exit(deadline)
         if code is None:
-            raise Failed("timeout", f"launcher still running at the limit of {self.spec.limit_s} s")
+            raise Failed("timeout", f"{self._limit()} reached with the launcher still running")
         self.fields["exit_code"] = code
-        if not self.cgroup.wait_empty(deadline):
-            raise Failed("timeout", f"processes left at the limit of {self.spec.limit_s} s")
+        self._kill_leftovers()
         if code != 0:
             raise Failed("nonzero-exit", f"launcher exited with status {code}{self._stderr()}")
+
+    def _kill_leftovers(self) -> None:
+        """Count the processes left in the cgroup after the launcher exited; kill them at once.
+
+        As BenchExec does when the tool exits: the launcher's exit ends the environment's
+        tree, so a detached child cannot hold the environment until its limit.
+        """
+        assert self.cgroup is not None
+        left = self.cgroup.pids()
+        self.fields["leftover_processes"] = len(left)
+        if left:
+            self._kill()
 
     def _wait_exit(self, deadline: int) -> int | None:
         """The launcher's exit status, or None at the deadline (watching the stop event)."""
@@ -384,9 +404,9 @@ class _Run:
             "limit_s": self.spec.limit_s,
         }
 
-    def _channel_reason(self, exc: ChannelError) -> str:
-        """The limit is a timeout; any other broken channel a round error (OOM, ENOSPC: later)."""
-        return "timeout" if isinstance(exc, ChannelTimeout) else "round-error"
+    def _limit(self) -> str:
+        """The limit as a timeout's detail names it: "limit of N s"."""
+        return f"limit of {self.spec.limit_s:g} s"
 
     def _died(self, what: str, before_ready: bool = False, closed: bool = True) -> str:
         """Describe a payload that stopped talking: exit status and its stderr's tail."""

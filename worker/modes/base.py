@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -43,6 +44,13 @@ class EnvContext:
     payload: Path = PAYLOAD_PATH
     python: str = PAYLOAD_PYTHON
     state: dict[str, Any] = field(default_factory=dict)  # the mode's own bookkeeping
+    deadline_ns: int | None = None  # the limit (time.monotonic_ns), set by the runner at the marker
+
+    def remaining_s(self) -> float:
+        """Seconds left before the environment's limit (the whole limit before the marker)."""
+        if self.deadline_ns is None:
+            return self.spec.limit_s
+        return max(0.0, (self.deadline_ns - time.monotonic_ns()) / 1e9)
 
     def payload_argv(self, root: str, payload: str | None = None) -> list[str]:
         """The payload command line, with ``root`` the workspace path as seen inside the mode."""
@@ -51,7 +59,7 @@ class EnvContext:
             self.python, "-I", "-S", payload or str(self.payload),
             "--workload", s.workload, "--seed", str(s.seed), "--scale", repr(s.scale),
             "--root", root,
-        ]
+        ]  # fmt: skip
 
 
 def cgroup_overhead(mode: object) -> int:

@@ -85,8 +85,8 @@ class CommandMode:
         return expand(self.template, self._values(env))
 
     def sync(self, env: EnvContext, round: int) -> None:
-        """Run the ``sync`` helper, if any (inside the round clock)."""
-        self._helper(env, "sync")
+        """Run the ``sync`` helper, if any (inside the round clock, bounded by the limit)."""
+        self._helper(env, "sync", env.remaining_s())
 
     def result_root(self, env: EnvContext) -> Path:
         """``result_root`` (default: the payload's root), after the ``collect`` helper, if any."""
@@ -116,13 +116,13 @@ class CommandMode:
         values["payload_argv"] = env.payload_argv(root)
         return values
 
-    def _helper(self, env: EnvContext, which: str) -> None:
+    def _helper(self, env: EnvContext, which: str, timeout_s: float = HELPER_TIMEOUT_S) -> None:
         """Run helper template ``which``; OSError (with its stderr) unless it exits 0."""
         template = self.options.get(which)
         if not template:
             return
         argv = expand(template, self._values(env))
-        done = run_owned(argv, HELPER_TIMEOUT_S)
+        done = run_owned(argv, timeout_s)
         if done.returncode != 0:
             raise OSError(f"{which} helper exited {done.returncode}: {done.stderr.strip()[-500:]}")
 

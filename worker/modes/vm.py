@@ -224,12 +224,12 @@ def guest_sync(env: EnvContext, round: int) -> None:
         env.state["ctl_out"] = os.open(f"{config.ctl_pipe}.out", os.O_RDONLY | os.O_NONBLOCK)
     os.write(env.state["ctl_in"], f"{round}\n".encode())
     expected = f"synced {round}\n".encode()
-    deadline = time.monotonic() + env.spec.limit_s
+    deadline = time.monotonic() + env.remaining_s()  # the environment's limit bounds the sync
     reply = b""
     while not reply.endswith(b"\n"):
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([env.state["ctl_out"]], [], [], left)[0]:
-            raise TimeoutError(f"the guest did not finish sync of round {round}")
+            raise TimeoutError(f"the guest did not finish sync of round {round} within the limit")
         reply += os.read(env.state["ctl_out"], 256)
     if reply != expected:
         raise OSError(f"guest sync agent answered {reply!r}, expected {expected!r}")
