@@ -13,8 +13,8 @@ mode
     An execution mode: how the workload is launched (native, the bubblewrap sandbox mode
     named ``host``, staged, docker, podman, vm, ...).
 workload
-    One of the 19 file tasks: deterministic inputs, a round function, a validator, an
-    oracle model.
+    One of the file tasks (the design's 19, each declared once in ``workloads/``):
+    deterministic inputs, a round function, a validator, an oracle model.
 cell
     (host, mode, workload).
 environment

@@ -22,16 +22,17 @@ from coordinator.store import Campaign, Store
 from coordinator.units import MISSING, UNIT_RULE, Unit, duration, fmt, unit_for
 from coordinator.views import CampaignView, record_views
 from tasks.names import check_name
+from workloads.registry import WORKLOADS
 
-WRITES_SYNC = (
-    "seq-write",
-    "sync-write",
-    "create-small",
-    "rename-atomic",
-    "append-fsync",
-    "mmap-write",
-)
-READS_META = ("read-small", "stat-tree", "readdir-wide", "read-large", "delete-tree", "copy-tree")
+# The report's sections, in order: a workload's declaration names its section (its
+# ``section``); anything else (a workload no longer declared) is shown under "other".
+SECTION_TITLES = {
+    "workflows": "Task completion per workflow and mode",
+    "writes": "Small writes and synchronization",
+    "reads": "Reads and metadata",
+    "resource": "Working set and concurrency",
+    "other": "Other workloads",
+}
 CSV_FLOAT = "%.6f"
 TASK_UNIT = (
     "median environment task time (environment = sum of its rounds; median over N; "
@@ -96,17 +97,11 @@ def _median_text(r: Any, unit: Unit) -> str:
     return text
 
 
-def _groups(t: HostTables) -> dict[str, list[str]]:
+def _sections(t: HostTables) -> dict[str, list[str]]:
+    """The host's workloads by report section (as declared), in the table's order."""
     order = list(dict.fromkeys(t.cells["workload"]))
-    group = dict(zip(t.cells["workload"], t.cells["group"], strict=False))
-    return {
-        "workflow": [w for w in order if group.get(w) == "workflow"],
-        "writes": [w for w in order if w in WRITES_SYNC],
-        "reads": [w for w in order if w in READS_META],
-        "resource": [w for w in order if group.get(w) == "resource"],
-        "other": [w for w in order if w not in WRITES_SYNC + READS_META
-                  and group.get(w) not in ("workflow", "resource")],
-    }  # fmt: skip
+    section = {name: w.section for name, w in WORKLOADS.items()}
+    return {key: [w for w in order if section.get(w, "other") == key] for key in SECTION_TITLES}
 
 
 def headline(t: HostTables, workflows: list[str]) -> list[str]:
@@ -187,17 +182,11 @@ def flatten_facts(d: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
 
 def host_blocks(t: HostTables, provenance: dict[str, Any], plot_dir: Path) -> list[Block]:
     """The sections of one host and cohort."""
-    g = _groups(t)
+    g = _sections(t)
     slug = f"{check_name(t.host, 'host')}-{check_name(t.cohort, 'cohort')}"  # file names
     blocks: list[Block] = [("h2", f"Host {t.host}, cohort {t.cohort}")]
-    sections = [
-        ("Task completion per workflow and mode", g["workflow"], "workflows"),
-        ("Small writes and synchronization", g["writes"], "writes"),
-        ("Reads and metadata", g["reads"], "reads"),
-        ("Working set and concurrency", g["resource"], "resource"),
-        ("Other workloads", g["other"], "other"),
-    ]
-    for title, workloads, name in sections:
+    for name, title in SECTION_TITLES.items():
+        workloads = g[name]
         table = cell_table(t, workloads, TASK_UNIT)
         if table is None:
             continue
@@ -245,7 +234,7 @@ def campaign_blocks(
         ("h2", "Headline"),
     ]  # fmt: skip
     for t in analysis.tables:
-        lines = headline(t, _groups(t)["workflow"])
+        lines = headline(t, _sections(t)["workflows"])
         blocks += [
             (
                 "p",

@@ -20,16 +20,16 @@ from worker import quota as cgroups
 from worker.dockerd import DOCKERD_ENV, STATE_DIR_ENV, Dockerd
 from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo
 from worker.modes.docker import (
-    PAYLOAD_IN,
+    PAYLOAD_DIR_IN,
     DockerMode,
     container_name,
     unmanaged_cgroup_dirs,
 )
-from workloads.payload import TABLE
+from workloads.catalog import DECLARED
 
 pytestmark = pytest.mark.docker
 
-WORKLOADS = [row[0] for row in TABLE]
+WORKLOADS = list(DECLARED)
 SCALE = 0.02
 MiB = 1024 * 1024
 
@@ -99,7 +99,8 @@ def test_workload_passes(dockerd: Dockerd, work_root: Path, workload: str) -> No
 
 def _probe_env(tmp_path: Path, quota: Quota) -> tuple[EnvContext, cgroups.Cgroup]:
     """An environment whose payload is the probe, with a real cgroup of ``quota``."""
-    probe = tmp_path / "probe.py"
+    probe = tmp_path / "payload" / "probe.py"  # its directory is bound, as the payload's
+    probe.parent.mkdir()
     probe.write_text(PROBE)
     (tmp_path / "ws").mkdir()
     (tmp_path / "env").mkdir()
@@ -170,7 +171,8 @@ def test_timed_out_container_is_gone(dockerd: Dockerd, work_root: Path) -> None:
     assert (record.outcome, record.reason) == ("failed", "timeout"), record.detail
     assert record.ready_ms is not None, "the container was running when the limit came"
     assert_no_containers(dockerd)
-    ours = f"{PAYLOAD_IN} --workload ws256-w1 --seed 4242 "  # this test's payload, no other
+    # this test's payload, no other
+    ours = f"{PAYLOAD_DIR_IN}/payload.py --workload ws256-w1 --seed 4242 "
     leftovers = [
         p.info
         for p in psutil.process_iter(["pid", "cmdline"])

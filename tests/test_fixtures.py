@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads import fixtures, oracle, payload
+from workloads import fixtures, kit, oracle
 from workloads.registry import WORKLOADS, get_workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def test_full_scale_sizes(tmp_path: Path) -> None:
     wide = fixtures.ensure_fixture("readdir-wide", 3, 1.0, tmp_path) / "wide"
     assert len(os.listdir(wide)) == 8192
     large = fixtures.ensure_fixture("read-large", 3, 1.0, tmp_path) / "large.bin"
-    assert large.stat().st_size == 64 * payload.MiB
+    assert large.stat().st_size == 64 * kit.MiB
 
 
 def test_scale_keeps_structure_and_minimums() -> None:

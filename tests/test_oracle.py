@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from workloads import fixtures, oracle
-from workloads.base import Model
 from workloads.drive import drive
+from workloads.oracle import Model
 from workloads.registry import get_workload
 
 SEED = 5

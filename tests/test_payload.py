@@ -1,9 +1,11 @@
-"""The payload as a real subprocess: all 19 workloads, the protocol and its error answers."""
+"""The payload as a real subprocess: every workload, the protocol, its bootstrap and errors."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import require, require_binary
-from workloads import fixtures, oracle, payload
-from workloads.drive import PAYLOAD, drive, native_environment, payload_argv
+from workloads import fixtures, kit, oracle
+from workloads.drive import PAYLOAD, PAYLOAD_PYTHON, drive, native_environment, payload_argv
 from workloads.registry import WORKLOADS
 
 SEED = 11
@@ -103,11 +105,9 @@ def test_bad_arguments(args: list[str]) -> None:
 def test_round_beyond_prepared(cache: Path, tmp_path: Path) -> None:
     """A round past MAX_ROUNDS is an error that says how many rounds fixtures prepare."""
     ws = workspace("seq-write", cache, tmp_path)
-    rounds = list(range(1, payload.MAX_ROUNDS + 2))
+    rounds = list(range(1, kit.MAX_ROUNDS + 2))
     result = drive("seq-write", SEED, 0.02, ws, rounds)
-    assert (
-        result.lines[-1]["op"] == "error" and str(payload.MAX_ROUNDS) in result.lines[-1]["message"]
-    )
+    assert result.lines[-1]["op"] == "error" and str(kit.MAX_ROUNDS) in result.lines[-1]["message"]
     assert result.exit_code != 0
 
 
@@ -136,8 +136,8 @@ def test_tools_without_home(name: str, cache: Path, tmp_path: Path) -> None:
 
 
 def test_import_has_no_side_effects() -> None:
-    """Importing the payload on the host writes nothing and reads no stdin."""
-    code = "import workloads.payload as p; assert len(p.ROUNDS) == 19"
+    """Importing the payload's files on the host writes nothing and reads no stdin."""
+    code = "import workloads.payload, workloads.protocol as p; assert p.declared('publish')"
     r = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
@@ -147,6 +147,70 @@ def test_import_has_no_side_effects() -> None:
         check=False,
     )
     assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+
+
+def payload_copy(tmp_path: Path) -> Path:
+    """A copy of the payload's directory (no bytecode) and the bootstrap in it."""
+    copy = tmp_path / "copy" / "workloads"
+    shutil.copytree(PAYLOAD.parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy / "payload.py"
+
+
+def test_ready_comes_before_the_body_is_compiled(tmp_path: Path) -> None:
+    """The ready line is written before the body is read: a body that does not compile
+    still gets ready out first, then the launcher fails naming the error."""
+    bootstrap = payload_copy(tmp_path)
+    (bootstrap.parent / "protocol.py").write_text("def broken(:\n")
+    argv = [PAYLOAD_PYTHON, "-I", "-S", str(bootstrap), "--workload", "publish"]
+    r = subprocess.run(argv, input="", capture_output=True, text=True, timeout=60, check=False)
+    assert r.stdout.splitlines() == ['{"op": "ready"}'] and r.returncode != 0
+    assert "SyntaxError" in r.stderr
+
+
+def test_the_bootstrap_is_tiny() -> None:
+    """The launched file imports only sys, and its first statement after that writes Ready."""
+    tree = ast.parse(PAYLOAD.read_text())
+    imports = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+    assert [ast.unparse(n) for n in imports] == [
+        "import sys", "from workloads.protocol import main"
+    ]  # fmt: skip
+    guard = next(n for n in tree.body if isinstance(n, ast.If))
+    assert "ready" in ast.unparse(guard.body[0]) and len(PAYLOAD.read_text().splitlines()) < 25
+
+
+def test_no_bytecode_anywhere(cache: Path, tmp_path: Path) -> None:
+    """A payload run leaves no __pycache__ beside the payload nor in the workspace."""
+    bootstrap = payload_copy(tmp_path)
+    ws = workspace("incremental-build", cache, tmp_path)
+    result = drive("incremental-build", SEED, 0.02, ws, [1, 2], payload=bootstrap)
+    assert result.ok, (result.lines, result.stderr)
+    assert not list(bootstrap.parent.rglob("__pycache__"))
+    assert not list(ws.rglob("__pycache__")) and not list(ws.rglob("*.pyc"))
+
+
+IN_ENVIRONMENT = {"payload", "protocol", "catalog", "kit", "writes", "reads", "working_set",
+                  "workflow"}  # fmt: skip
+
+
+def test_the_environment_side_needs_only_the_standard_library() -> None:
+    """Everything the payload imports is the standard library or an in-environment module, and
+    the catalog's workload modules are all in-environment modules."""
+    for name in IN_ENVIRONMENT:
+        tree = ast.parse((PAYLOAD.parent / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                names = [f"{base}.{a.name}" if base == "workloads" else base for a in node.names]
+            for full in names:
+                top, _, sub = full.partition(".")
+                if top == "workloads":
+                    assert sub.partition(".")[0] in IN_ENVIRONMENT, (name, full)
+                else:
+                    assert top in sys.stdlib_module_names or top == "__future__", (name, full)
+    from workloads import catalog
+
+    assert {m.__name__.rpartition(".")[2] for m in catalog.MODULES} <= IN_ENVIRONMENT
 
 
 def test_repeated_edit_rebuilds(cache: Path, tmp_path: Path) -> None:

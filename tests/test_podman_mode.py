@@ -18,19 +18,19 @@ from tests.conftest import REPO, require_binary
 from tests.container_probe import HOG, PROBE
 from worker import quota as cgroups
 from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo
+from worker.modes.docker import PAYLOAD_DIR_IN
 from worker.modes.podman import (
     CONMON_PIDFILE,
-    PAYLOAD_IN,
     PodmanMode,
     container_name,
     leftover_cgroup_dirs,
 )
 from worker.podman import PODMAN_ENV, STATE_DIR_ENV, Podman
-from workloads.payload import TABLE
+from workloads.catalog import DECLARED
 
 pytestmark = pytest.mark.podman
 
-WORKLOADS = [row[0] for row in TABLE]
+WORKLOADS = list(DECLARED)
 SCALE = 0.02
 MiB = 1024 * 1024
 
@@ -137,7 +137,8 @@ def test_workload_passes(
 
 def _probe_env(tmp_path: Path, quota: Quota, script: str) -> tuple[EnvContext, cgroups.Cgroup]:
     """An environment whose payload is ``script``, with a real cgroup of ``quota``."""
-    probe = tmp_path / "probe.py"
+    probe = tmp_path / "payload" / "probe.py"  # its directory is bound, as the payload's
+    probe.parent.mkdir()
     probe.write_text(script)
     (tmp_path / "ws").mkdir()
     (tmp_path / "env").mkdir()
@@ -248,7 +249,8 @@ def test_timed_out_container_is_gone(
     assert record is not None
     assert (record.outcome, record.reason) == ("failed", "timeout"), record.detail
     assert record.ready_ms is not None, "the container was running when the limit came"
-    ours = f"{PAYLOAD_IN} --workload ws256-w1 --seed 4243 "  # this test's payload, no other
+    # this test's payload, no other
+    ours = f"{PAYLOAD_DIR_IN}/payload.py --workload ws256-w1 --seed 4243 "
     leftovers = [
         p.info
         for p in psutil.process_iter(["pid", "cmdline"])

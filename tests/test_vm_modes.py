@@ -112,7 +112,7 @@ def test_writeback_sync_makes_the_round_visible_on_the_host(
 
 
 class PayloadUnderTmp(VmMode):
-    """vm whose payload.py is a copy under the host's /tmp (as in a checkout there)."""
+    """vm whose payload directory is a copy under the host's /tmp (as in a checkout there)."""
 
     payload_copy = Path()
 
@@ -128,8 +128,9 @@ def test_payload_under_host_tmp_is_seen_by_the_guest(
     """A payload under the host's /tmp, which the guest's own /tmp covers, still runs."""
     assert str(tmp_path).startswith("/tmp/")
     mode = PayloadUnderTmp()
-    mode.payload_copy = tmp_path / "payload.py"
-    shutil.copy(EnvContext.payload, mode.payload_copy)
+    copy = tmp_path / "workloads"
+    shutil.copytree(EnvContext.payload.parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    mode.payload_copy = copy / "payload.py"
     monkeypatch.setattr(runner, "get_mode", lambda name, options=None: mode)
     record = runner.run_environment(vm_spec(root, "vm", "seq-write"))
     assert record is not None and record.outcome == "passed", (record.reason, record.detail)

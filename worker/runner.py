@@ -1,8 +1,9 @@
 """One environment, exactly as the measurement protocol defines it, turned into a record.
 
-prepare (not timed) -> marker -> Ready -> R rounds -> exit -> oracle -> cleanup. The runner
-owns the marker, the cgroup, the channel, the clocks, the limit, the kill and the
-classification; the mode only prepares, launches, syncs, names its result root and cleans up.
+prepare (not timed; it ends with a syncfs, so round 1 never flushes the workspace's copy) ->
+marker -> Ready -> R rounds -> exit -> oracle -> cleanup. The runner owns the marker, the
+cgroup, the channel, the clocks, the limit, the kill and the classification; the mode only
+prepares, launches, syncs, names its result root and cleans up.
 
 A benchmark failure is a record, never an exception: ``run_environment`` raises only for bad
 input (unknown mode or workload) or a host that cannot run environments at all (no cgroups).
@@ -48,7 +49,7 @@ from worker.channel import (
 )
 from worker.modes import EnvContext, HostInfo, Mode, Preflight, get_mode
 from worker.modes.base import PAYLOAD_PYTHON, cgroup_overhead, mode_oom_killed
-from worker.modes.staged import snapshot, snapshot_diff
+from worker.modes.staged import snapshot, snapshot_diff, syncfs
 from worker.procs import close_pipes, kill_process, spawn_marked
 
 LAUNCH_FAILURE_CODES = (126, 127)  # the shell's "cannot execute" and "not found"
@@ -192,6 +193,10 @@ class _Run:
             raise Failed(_os_reason(exc), f"mode preparation: {exc}") from exc
         if self.mode.staged:
             self.original = snapshot(workspace)
+        try:  # the copies' dirty pages and metadata must not be flushed inside round 1's clock
+            syncfs(self.base)
+        except OSError as exc:
+            raise Failed(_os_reason(exc), f"syncing the prepared environment: {exc}") from exc
 
     def _launch_and_drive(self) -> None:
         """Marker, spawn, Ready, rounds, exit, all within the limit from the marker."""

@@ -36,10 +36,12 @@ class Drive:
         )  # fmt: skip
 
 
-def payload_argv(workload: str, seed: int, scale: float, root: Path) -> list[str]:
+def payload_argv(
+    workload: str, seed: int, scale: float, root: Path, payload: Path = PAYLOAD
+) -> list[str]:
     """The isolated payload command line every mode uses."""
     return [
-        PAYLOAD_PYTHON, "-I", "-S", str(PAYLOAD), "--workload", workload,
+        PAYLOAD_PYTHON, "-I", "-S", str(payload), "--workload", workload,
         "--seed", str(seed), "--scale", repr(float(scale)), "--root", str(root),
     ]  # fmt: skip
 
@@ -51,11 +53,12 @@ def drive(
     root: Path,
     rounds: list[int],
     prefix: tuple[str, ...] = (),
+    payload: Path = PAYLOAD,
 ) -> Drive:
     """Run the payload on ``root`` (after the launcher ``prefix``), send the rounds, then exit."""
     result = Drive()
     with subprocess.Popen(
-        [*prefix, *payload_argv(workload, seed, scale, root)],
+        [*prefix, *payload_argv(workload, seed, scale, root, payload)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) as proc:  # fmt: skip
         try:

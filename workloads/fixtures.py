@@ -13,7 +13,8 @@ from pathlib import Path
 
 from tasks.errors import WorkloadError
 from tasks.paths import DEFAULT_WORK_ROOT
-from workloads import oracle
+from workloads import catalog, oracle
+from workloads.kit import Declaration, Params, PayloadError
 
 # Bump when a fixture builder changes, so a host's default cache never serves stale fixtures.
 FIXTURE_VERSION = 1
@@ -31,18 +32,38 @@ def fixture_dirname(name: str, seed: int, scale: float) -> str:
     return f"{name}-s{seed}-x{float(scale)!r}"
 
 
+def checked_params(workload: Declaration, scale: float) -> Params:
+    """The workload's parameters at ``scale``; WorkloadError (bad input) outside (0, 1]."""
+    try:
+        return workload.scaled(scale)
+    except PayloadError as exc:
+        raise WorkloadError(f"{workload.name}: {exc}") from None
+
+
+def build_fixture(workload: Declaration, dest: Path, seed: int, scale: float) -> None:
+    """Create ``dest`` (which must not exist) holding the fixture for (seed, scale)."""
+    p = checked_params(workload, scale)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.mkdir()
+    try:
+        workload.build(dest, seed, p)
+    except PayloadError as exc:  # a tool the builder runs failed: this host cannot build it
+        raise WorkloadError(f"{workload.name}: {exc}") from None
+
+
 def ensure_fixture(name: str, seed: int, scale: float, cache_root: Path) -> Path:
     """The cached fixture, built first if absent (atomically: concurrent builders are safe)."""
-    from workloads.registry import get_workload
-
-    workload = get_workload(name)
+    try:
+        workload = catalog.declared(name)
+    except PayloadError as exc:
+        raise WorkloadError(str(exc)) from None
     target = cache_root / fixture_dirname(name, seed, scale)
     if target.is_dir():
         return target
     cache_root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".build-{target.name}-", dir=cache_root))
     try:
-        workload.build_fixture(scratch / "fixture", seed, scale)
+        build_fixture(workload, scratch / "fixture", seed, scale)
         try:
             os.rename(scratch / "fixture", target)
         except OSError:

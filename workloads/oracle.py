@@ -7,14 +7,29 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from workloads.base import FileState, Model
+from workloads.kit import FileState
 
 HASH_CHUNK = 1 << 20
 # A file system's own bookkeeping at a mount root is never part of a workload's state.
 ALWAYS_IGNORED = ("lost+found",)
+
+
+@dataclass(frozen=True)
+class Model:
+    """Predicted final state after R rounds: relative path -> state.
+
+    ``ignore`` lists glob patterns (relative paths) whose content is not deterministic
+    (for example git's index, which records stat times); they are neither required nor
+    reported as extra.
+    """
+
+    files: dict[str, FileState]
+    ignore: tuple[str, ...] = ()
+    dirs: frozenset[str] = field(default_factory=frozenset)  # expected empty-or-not directories
 
 
 def _ignored(rel: str, patterns: Iterable[str]) -> bool:

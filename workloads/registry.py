@@ -1,57 +1,71 @@
-"""The 19 workloads by name, in the design's table order, and their groups."""
+"""The workloads on the host, by name and group: each declaration with its fixture and model."""
 
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
 
 from tasks.errors import WorkloadError
-from workloads import mechanism as m
-from workloads import payload
-from workloads import resource as r
-from workloads import workflow as w
-from workloads.base import Builder, Evolver, Group, Workload
+from workloads import catalog, fixtures, kit, oracle
+from workloads.kit import MAX_ROUNDS, Declaration, ModelState, Params
 
-GROUP_NAMES: tuple[Group, ...] = ("mechanism", "resource", "workflow")
-
-# name -> (builder, evolver, ignore globs, whether the fixture holds seeded content)
-_PARTS: dict[str, tuple[Builder, Evolver, tuple[str, ...], bool]] = {
-    "seq-write": (m.build_empty("seq"), m.evolve_seq_write, (), False),
-    "sync-write": (m.build_empty("sync"), m.evolve_sync_write, (), False),
-    "create-small": (m.build_empty("create"), m.evolve_create_small, (), False),
-    "read-small": (m.build_tree("read-small"), m.evolve_nothing, (), True),
-    "stat-tree": (m.build_tree("stat-tree"), m.evolve_nothing, (), True),
-    "readdir-wide": (m.build_readdir_wide, m.evolve_nothing, (), False),
-    "read-large": (m.build_read_large, m.evolve_nothing, (), True),
-    "rename-atomic": (m.build_rename_atomic, m.evolve_rename_atomic, (), True),
-    "append-fsync": (m.build_append_fsync, m.evolve_append_fsync, (), False),
-    "delete-tree": (m.build_delete_tree, m.evolve_delete_tree, (), True),
-    "mmap-write": (m.build_mmap_write, m.evolve_mmap_write, (), True),
-    "copy-tree": (m.build_tree("copy-tree", "copies"), m.evolve_copy_tree, (), True),
-    "ws64-w1": (r.build_working_set, r.evolve_working_set, (), False),
-    "ws256-w1": (r.build_working_set, r.evolve_working_set, (), False),
-    "ws1024-w1": (r.build_working_set, r.evolve_working_set, (), False),
-    "ws256-w4": (r.build_working_set, r.evolve_working_set, (), False),
-    "repo-inspect": (w.build_repo, w.evolve_repo, w.REPO_IGNORE, True),
-    "incremental-build": (w.build_project, w.evolve_project, w.BUILD_IGNORE, True),
-    "publish": (m.build_empty("pub"), w.evolve_publish, (), False),
-}
+GROUP_NAMES = kit.GROUPS
 
 
-def _workload(number: int, name: str, group: str, summary: str) -> Workload:
-    """Assemble workload ``name`` from the payload's table and its host-side parts."""
-    builder, evolver, ignore, seeded = _PARTS[name]
-    assert group in GROUP_NAMES
-    return Workload(name, number, group, summary, builder, evolver, ignore, seeded)
+@dataclass(frozen=True)
+class Workload(Declaration):
+    """A declared workload as the host uses it: checked parameters, its fixture, its model."""
+
+    @classmethod
+    def of(cls, declared: Declaration) -> Workload:
+        """The host's view of ``declared``."""
+        return cls(**{f.name: getattr(declared, f.name) for f in fields(declared)})
+
+    def params(self, scale: float) -> Params:
+        """The parameters at ``scale``; raises WorkloadError on a bad scale."""
+        return fixtures.checked_params(self, scale)
+
+    def build_fixture(self, dest: Path, seed: int, scale: float) -> None:
+        """Create ``dest`` (which must not exist) holding the fixture for (seed, scale)."""
+        fixtures.build_fixture(self, dest, seed, scale)
+
+    def model(
+        self, seed: int, scale: float, rounds: int, fixture: Path | None = None
+    ) -> oracle.Model:
+        """The final state after ``rounds`` rounds, relative to the workspace root."""
+        self.check_rounds(rounds)
+        p = self.params(scale)
+        if fixture is None:
+            fixture = fixtures.ensure_fixture(self.name, seed, scale, fixtures.default_cache())
+        files, dirs = oracle.scan_cached(fixture, self.ignore)
+        state = ModelState(dict(files), set(dirs), fixture)
+        self.evolve(state, seed, p, rounds)
+        return oracle.Model(state.files, self.ignore, frozenset(state.dirs))
+
+    def check_rounds(self, rounds: int) -> None:
+        """Raise WorkloadError unless 0 <= rounds <= MAX_ROUNDS."""
+        if not 0 <= rounds <= MAX_ROUNDS:
+            raise WorkloadError(
+                f"{self.name}: rounds must be 0..{MAX_ROUNDS} (fixtures prepare that many)"
+            )
+
+    def describe(self) -> dict[str, Any]:
+        """Number, name, group, summary and full-scale parameters, for listings."""
+        return {
+            "number": self.number,
+            "name": self.name,
+            "group": self.group,
+            "summary": self.summary,
+            "params": self.full_params,
+        }
 
 
-WORKLOADS: dict[str, Workload] = {
-    name: _workload(i, name, group, summary)
-    for i, (name, group, summary, _) in enumerate(payload.TABLE, start=1)
-}
+WORKLOADS: dict[str, Workload] = {name: Workload.of(d) for name, d in catalog.DECLARED.items()}
 GROUPS: dict[str, list[str]] = {
     g: [n for n, wl in WORKLOADS.items() if wl.group == g] for g in GROUP_NAMES
 }
-MAX_ROUNDS = payload.MAX_ROUNDS
 
 
 def get_workload(name: str) -> Workload:

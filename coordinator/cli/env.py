@@ -23,8 +23,8 @@ from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 from worker.modes import get_mode
 from worker.runner import run_environment
+from workloads.kit import MAX_ROUNDS
 
-MAX_ROUNDS = 10  # fixtures prepare state for at most this many rounds
 EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
 
 

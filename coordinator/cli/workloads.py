@@ -1,4 +1,4 @@
-"""``sandbench workloads list``: the 19 workloads with their group and full-scale parameters."""
+"""``sandbench workloads list``: every declared workload, its group and full-scale parameters."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _human(value: int, key: str) -> str:
 
 @click.group("workloads")
 def workloads_group() -> None:
-    """The 19 file workloads."""
+    """The file workloads (as declared in workloads/)."""
 
 
 @workloads_group.command("list")

@@ -13,6 +13,7 @@ from tasks.records import EnvironmentSpec
 
 # One interpreter for the payload in every mode, so differences come from the mode.
 PAYLOAD_PYTHON = os.environ.get("SANDBENCH_PYTHON", "/usr/bin/python3")
+# The launched bootstrap; its body lives beside it, so modes make the whole directory visible.
 PAYLOAD_PATH = Path(__file__).resolve().parents[2] / "workloads" / "payload.py"
 
 
@@ -51,6 +52,11 @@ class EnvContext:
         if self.deadline_ns is None:
             return self.spec.limit_s
         return max(0.0, (self.deadline_ns - time.monotonic_ns()) / 1e9)
+
+    @property
+    def payload_dir(self) -> Path:
+        """The directory holding the payload and its body (``workloads/``), bound as a whole."""
+        return self.payload.parent
 
     def payload_argv(self, root: str, payload: str | None = None) -> list[str]:
         """The payload command line, with ``root`` the workspace path as seen inside the mode."""

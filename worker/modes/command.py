@@ -3,9 +3,12 @@
 Options (from the plan's mode table or ``--template``):
 
 * ``template``: list of argv elements, or one shell string (run with ``/bin/sh -c``).
-  Placeholders: ``{workspace} {payload} {python} {payload_argv} {cpus} {cpu_quota}
-  {memory_bytes} {env_dir}``. In a list, an element that is exactly ``{payload_argv}``
-  expands into the payload's argv; elsewhere it is substituted as one shell-quoted string.
+  Placeholders: ``{workspace} {payload} {payload_dir} {python} {payload_argv} {cpus}
+  {cpu_quota} {memory_bytes} {env_dir}``. In a list, an element that is exactly
+  ``{payload_argv}`` expands into the payload's argv; elsewhere it is substituted as one
+  shell-quoted string. ``{payload}`` is a small bootstrap that loads its body from beside it:
+  a runtime that sees only what it is given must get all of ``{payload_dir}`` (a directory
+  named ``workloads``), read-only, and run the ``payload.py`` in it.
 * ``root``: the workspace path as the payload sees it (default ``{workspace}``).
 * ``result_root``: where the oracle looks (default: ``root``).
 * ``staged``: true if the runtime works on a copy (the original workspace must stay intact).
@@ -35,7 +38,8 @@ from worker.modes.base import PAYLOAD_PATH, PAYLOAD_PYTHON, EnvContext, HostInfo
 from worker.procs import run_owned
 
 PLACEHOLDERS = (
-    "workspace", "payload", "python", "payload_argv", "cpus", "cpu_quota", "memory_bytes", "env_dir"
+    "workspace", "payload", "payload_dir", "python", "payload_argv", "cpus", "cpu_quota",
+    "memory_bytes", "env_dir",
 )  # fmt: skip
 PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 # Anything that reads as a placeholder: {name}, but not a shell parameter expansion ${name}.
@@ -108,7 +112,8 @@ class CommandMode:
         """Placeholder values for ``env``."""
         quota = env.spec.quota
         values: dict[str, Any] = {
-            "workspace": str(env.workspace), "payload": str(env.payload), "python": env.python,
+            "workspace": str(env.workspace), "payload": str(env.payload),
+            "payload_dir": str(env.payload_dir), "python": env.python,
             "cpus": quota.cpus, "cpu_quota": repr(quota.cpu_quota),
             "memory_bytes": str(quota.memory_bytes), "env_dir": str(env.env_dir),
         }  # fmt: skip

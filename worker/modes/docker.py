@@ -38,7 +38,7 @@ IMAGE_DIRS = (*TOOLSET_DIRS, "/tmp", "/root", "/proc", "/dev", "/sys", "/ws", "/
 IMAGE_REPO = "sandbench/hosttools"
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 WORKSPACE_IN = "/ws"  # the workspace as the payload sees it
-PAYLOAD_IN = "/sandbench/payload.py"
+PAYLOAD_DIR_IN = "/sandbench/workloads"  # the payload's directory, bound read-only
 LABEL_KEY = "sandbench.env"
 CONTAINER_PREFIX = "sandbench-"
 # Room in the environment's memory cgroup for the docker client (~11 MB resident) beside the
@@ -136,8 +136,13 @@ def container_mounts(env: EnvContext) -> list[str]:
     return [
         *toolset_mounts(),
         f"--mount=type=bind,src={env.workspace},dst={WORKSPACE_IN}",
-        f"--mount=type=bind,src={env.payload},dst={PAYLOAD_IN},readonly",
+        f"--mount=type=bind,src={env.payload_dir},dst={PAYLOAD_DIR_IN},readonly",
     ]
+
+
+def payload_in(env: EnvContext) -> str:
+    """The payload's path inside the container (its directory is bound at PAYLOAD_DIR_IN)."""
+    return f"{PAYLOAD_DIR_IN}/{env.payload.name}"
 
 
 def container_name(env: EnvContext) -> str:
@@ -154,7 +159,7 @@ def create_argv(env: EnvContext, image: str) -> list[str]:
         "--network=none", "--log-driver=none", f"--cgroup-parent={env.cgroup_path}",
         *quota_options(env.spec.quota), *container_mounts(env), f"--workdir={WORKSPACE_IN}",
         image,
-        *env.payload_argv(WORKSPACE_IN, PAYLOAD_IN),
+        *env.payload_argv(WORKSPACE_IN, payload_in(env)),
     ]  # fmt: skip
 
 

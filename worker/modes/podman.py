@@ -33,7 +33,6 @@ from worker.modes.base import EnvContext, HostInfo, Preflight
 from worker.modes.docker import (
     IMAGE_PATH,
     LABEL_KEY,
-    PAYLOAD_IN,
     TOOLS_PROBE,
     TOOLSET_DIRS,
     WORKSPACE_IN,
@@ -41,6 +40,7 @@ from worker.modes.docker import (
     container_name,
     image_root_tar,
     image_tag,
+    payload_in,
     quota_options,
     toolset_mounts,
     unmanaged_cgroup_dirs,
@@ -99,7 +99,7 @@ def create_argv(env: EnvContext, image: str) -> list[str]:
         *ulimit_options(), *quota_options(env.spec.quota), *container_mounts(env),
         f"--workdir={WORKSPACE_IN}",
         image,
-        *env.payload_argv(WORKSPACE_IN, PAYLOAD_IN),
+        *env.payload_argv(WORKSPACE_IN, payload_in(env)),
     ]  # fmt: skip
 
 

@@ -21,11 +21,11 @@ PROBE_TIMEOUT_S = 10.0
 NAMESPACE_FLAGS = ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net")
 
 
-def bwrap_argv(bwrap: str, workspace: str, payload: str) -> list[str]:
+def bwrap_argv(bwrap: str, workspace: str, payload_dir: str) -> list[str]:
     """The bubblewrap options of the sandbox mode for ``workspace`` (everything before ``--``)."""
     return [
         bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-        "--ro-bind", payload, payload, "--bind", workspace, workspace,
+        "--ro-bind", payload_dir, payload_dir, "--bind", workspace, workspace,
         *NAMESPACE_FLAGS, "--hostname", "sandbench", "--die-with-parent", "--new-session",
         "--chdir", workspace,
     ]  # fmt: skip
@@ -63,7 +63,7 @@ class SandboxMode:
         """bwrap, then the payload rooted at the workspace (same path inside as outside)."""
         bwrap = shutil.which(BWRAP) or BWRAP
         workspace = str(env.workspace)
-        return [*bwrap_argv(bwrap, workspace, str(env.payload)), "--",
+        return [*bwrap_argv(bwrap, workspace, str(env.payload_dir)), "--",
                 *env.payload_argv(workspace)]  # fmt: skip
 
     def sync(self, env: EnvContext, round: int) -> None:

@@ -138,7 +138,7 @@ class Publisher:
         self.published.clear()
         self.published.update(self.seen)
         if self.dirty_dirs:  # one syncfs makes every copied file and directory durable
-            _syncfs(self.target)
+            syncfs(self.target)
 
     def _walk(self, rel_dir: str) -> None:
         """Publish the entries of one upper directory (recursively)."""
@@ -218,7 +218,7 @@ def _is_opaque(path: Path) -> bool:
         return False
 
 
-def _syncfs(path: Path) -> None:
+def syncfs(path: Path) -> None:
     """syncfs(2) the file system holding ``path`` (one call instead of an fsync per file)."""
     fd = os.open(path, os.O_RDONLY)
     try:

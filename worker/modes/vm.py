@@ -29,7 +29,7 @@ from typing import Any
 from tasks.errors import ModeUnavailable
 from worker.modes.base import EnvContext, HostInfo, Preflight
 from worker.vm import accel, guest, qemu
-from worker.vm.job import GUEST_PAYLOAD, Job, WorkspaceKind
+from worker.vm.job import GUEST_PAYLOAD_DIR, Job, WorkspaceKind
 
 CONSOLE_LOG = "console.log"
 JOB_FILE = "guest-job.sh"
@@ -120,8 +120,8 @@ class VmMode:
         job = Job(
             workspace=str(env.workspace),
             kind=self.workspace_kind,
-            argv=env.payload_argv(str(env.workspace), payload=GUEST_PAYLOAD),
-            payload_file=str(env.payload.resolve()),
+            argv=env.payload_argv(str(env.workspace), f"{GUEST_PAYLOAD_DIR}/{env.payload.name}"),
+            payload_dir=str(env.payload_dir.resolve()),
             hold=bool(options.get("guest_hold", False)),
         )
         config = qemu.GuestConfig(

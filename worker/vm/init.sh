@@ -46,19 +46,19 @@ OPTS9P="trans=virtio,version=9p2000.L,msize=512000"
 mount -t 9p -o "$OPTS9P,ro,cache=loose" hostroot /newroot || fail "mount hostroot"
 [ -r "/newroot$JOB" ] || fail "job file $JOB not visible in the guest"
 # Sets WS_PATH, WS_KIND (9p-mmap | 9p-loose | ext4 | none), PAYLOAD (a shell command line),
-# PAYLOAD_FILE (payload.py on the host) and GUEST_PAYLOAD (where the command finds it),
-# HOLD (1 = never start the payload) and PROBE (1 = only announce readiness).
+# PAYLOAD_DIR (the payload's directory on the host) and GUEST_PAYLOAD_DIR (where the command
+# finds it), HOLD (1 = never start the payload) and PROBE (1 = only announce readiness).
 . "/newroot$JOB"
 
 mount -t proc proc /newroot/proc
 mount -t sysfs sys /newroot/sys
 mount -t devtmpfs dev /newroot/dev
 mount -t tmpfs run /newroot/run
-# The payload, read-only at a fixed guest path, bound before the guest's own /tmp hides a
-# payload that lives under the host's /tmp (a checkout there).
-if [ -n "$PAYLOAD_FILE" ]; then
-  mkdir -p /newroot/run/sandbench && touch "/newroot$GUEST_PAYLOAD"
-  mount -o bind,ro "/newroot$PAYLOAD_FILE" "/newroot$GUEST_PAYLOAD" || fail "bind $PAYLOAD_FILE"
+# The payload's directory (the bootstrap and its body), read-only at a fixed guest path,
+# bound before the guest's own /tmp hides one that lives under the host's /tmp (a checkout).
+if [ -n "$PAYLOAD_DIR" ]; then
+  mkdir -p "/newroot$GUEST_PAYLOAD_DIR"
+  mount -o bind,ro "/newroot$PAYLOAD_DIR" "/newroot$GUEST_PAYLOAD_DIR" || fail "bind $PAYLOAD_DIR"
 fi
 mount -t tmpfs -o mode=1777 tmp /newroot/tmp
 if [ "$WS_KIND" != none ]; then

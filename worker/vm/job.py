@@ -20,9 +20,10 @@ GUEST_ENV = {
 }
 
 
-# Where the guest finds payload.py: a read-only bind of the host's file, made by the init
-# before it mounts the guest's /tmp (which would hide a payload under the host's /tmp).
-GUEST_PAYLOAD = "/run/sandbench/payload.py"
+# Where the guest finds the payload's directory (payload.py and its body beside it): a
+# read-only bind of the host's directory, made by the init before it mounts the guest's /tmp
+# (which would hide a checkout under the host's /tmp).
+GUEST_PAYLOAD_DIR = "/run/sandbench/workloads"
 
 
 @dataclass
@@ -31,8 +32,8 @@ class Job:
 
     workspace: str  # path of the workspace inside the guest
     kind: WorkspaceKind
-    argv: list[str] = field(default_factory=list)  # runs GUEST_PAYLOAD
-    payload_file: str = ""  # payload.py on the host (seen through the read-only host root)
+    argv: list[str] = field(default_factory=list)  # runs the payload in GUEST_PAYLOAD_DIR
+    payload_dir: str = ""  # the payload's directory on the host (seen through the host root)
     hold: bool = False  # test hook: never start the payload (a guest that never becomes ready)
     probe: bool = False  # only announce readiness and exit 0 (accelerator probe)
 
@@ -43,8 +44,8 @@ class Job:
             "WS_PATH": self.workspace,
             "WS_KIND": self.kind,
             "PAYLOAD": shlex.join(command),
-            "PAYLOAD_FILE": self.payload_file,
-            "GUEST_PAYLOAD": GUEST_PAYLOAD,
+            "PAYLOAD_DIR": self.payload_dir,
+            "GUEST_PAYLOAD_DIR": GUEST_PAYLOAD_DIR,
             "HOLD": "1" if self.hold else "0",
             "PROBE": "1" if self.probe else "0",
         }

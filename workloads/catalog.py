@@ -1,0 +1,42 @@
+"""Every declared workload, in the design's table order: the one list payload and host share.
+
+Standard library only (it runs inside every mode). A workload module declares its workloads
+in ``DECLARED``; a new workload module is listed once, in ``MODULES``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from workloads import reads, workflow, working_set, writes
+from workloads.kit import GROUPS, SECTIONS, Declaration, PayloadError
+
+MODULES = (writes, reads, working_set, workflow)
+
+
+def collect(modules: Iterable[Any]) -> dict[str, Declaration]:
+    """The ``DECLARED`` of every module by name, ordered by number; a clash is an error."""
+    found = sorted((d for module in modules for d in module.DECLARED), key=lambda d: d.number)
+    by_name: dict[str, Declaration] = {}
+    for position, declared in enumerate(found, start=1):
+        where = f"workload {declared.name!r} (number {declared.number})"
+        if declared.number != position:
+            raise PayloadError(f"{where}: numbers must run 1..N without gaps or repeats")
+        if declared.name in by_name:
+            raise PayloadError(f"{where}: the name is declared twice")
+        if declared.group not in GROUPS or declared.section not in SECTIONS:
+            raise PayloadError(f"{where}: group must be one of {GROUPS}, section of {SECTIONS}")
+        by_name[declared.name] = declared
+    return by_name
+
+
+DECLARED = collect(MODULES)
+
+
+def declared(name: str) -> Declaration:
+    """The declaration of workload ``name``; PayloadError if there is none."""
+    try:
+        return DECLARED[name]
+    except KeyError:
+        raise PayloadError(f"unknown workload {name!r}") from None

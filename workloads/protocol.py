@@ -1,0 +1,116 @@
+"""The payload's body: one JSON line protocol on stdin/stdout, the rounds and their checks.
+
+``workloads/payload.py`` (the launched bootstrap) has already written the ready line when it
+imports this module; everything here, and the workload modules it loads, is compiled after
+Ready and before the answer to ``check 0``, outside every clock. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from workloads.catalog import declared
+from workloads.kit import MAX_ROUNDS, Check, PayloadError, forget_prepared
+
+
+def parse_args(argv: list[str]) -> tuple[str, int, float, str]:
+    """``--workload W --seed N --scale S --root DIR`` (all four required)."""
+    opts: dict[str, str] = {}
+    it = iter(argv)
+    for flag in it:
+        if flag not in ("--workload", "--seed", "--scale", "--root") or flag in opts:
+            raise PayloadError(f"unexpected argument {flag!r}")
+        opts[flag] = next(it, "")
+    missing = [f for f in ("--workload", "--seed", "--scale", "--root") if not opts.get(f)]
+    if missing:
+        raise PayloadError(f"missing argument(s): {' '.join(missing)}")
+    try:
+        seed, scale = int(opts["--seed"]), float(opts["--scale"])
+    except ValueError as exc:
+        raise PayloadError(f"bad --seed or --scale: {exc}") from None
+    if not os.path.isdir(opts["--root"]):
+        raise PayloadError(f"--root {opts['--root']!r} is not a directory")
+    return opts["--workload"], seed, scale, opts["--root"]
+
+
+class Session:
+    """One payload run: the protocol channel, the workload and the round counter.
+
+    ``round k`` -> work and in-environment sync -> ``done k`` (digest; ``validated`` when the
+    check was immediate). ``check k`` (after the host stopped the round clock) -> the round's
+    read-back check -> ``checked k`` (digest, validated), then round k+1's inputs are generated;
+    ``check 0`` right after ready generates round 1's. A round may follow without a check.
+    """
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+        self.k: int | None = None  # the round being answered (None before the first)
+        self.done = 0  # rounds completed
+        self.pending: tuple[str, bool] | Check | None = None  # round ``done``'s result
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Write one protocol line and flush it."""
+        self.channel.write(json.dumps(message) + "\n")
+        self.channel.flush()
+
+    def serve(self, argv: list[str], lines: Any) -> int:
+        """Answer round and exit requests until exit (0) or an error (1)."""
+        try:
+            name, seed, scale, root = parse_args(argv)
+            workload = declared(name)
+            p = workload.scaled(scale)
+            inputs = workload.inputs or (lambda seed, p, k: None)
+            for line in lines:
+                msg = json.loads(line) if line.strip() else {"op": "noop"}
+                if msg.get("op") == "exit":
+                    return 0
+                if msg.get("op") == "round":
+                    self.round(msg.get("k"), lambda k: workload.round(root, seed, p, k))
+                elif msg.get("op") == "check":
+                    self.check(msg.get("k"), lambda k: inputs(seed, p, k))
+                elif msg.get("op") != "noop":
+                    raise PayloadError(f"unknown request {line.strip()!r}")
+            raise PayloadError("stdin closed before exit")
+        except Exception as exc:
+            self.send({"op": "error", "k": self.k, "message": f"{type(exc).__name__}: {exc}"})
+            return 1
+
+    def round(self, k: Any, work: Callable[[int], tuple[str, bool] | Check]) -> None:
+        """Run round ``k`` if it is the next one, and answer done."""
+        self.k = k
+        if k != self.done + 1 or not isinstance(k, int):
+            raise PayloadError(f"round {k!r} out of order: expected round {self.done + 1}")
+        if k > MAX_ROUNDS:
+            raise PayloadError(f"round {k} > {MAX_ROUNDS}, the rounds fixtures prepare")
+        self.pending = result = work(k)
+        if isinstance(result, tuple):
+            self.send({"op": "done", "k": k, "digest": result[0], "validated": bool(result[1])})
+        else:  # the read-back check waits for ``check k``
+            self.send({"op": "done", "k": k, "digest": None, "validated": None})
+        self.done = k
+
+    def check(self, k: Any, prepare: Callable[[int], None]) -> None:
+        """Check round ``k`` (the last one done; 0: none yet), then prepare round k+1's inputs."""
+        self.k = k
+        if k != self.done or not isinstance(k, int):
+            raise PayloadError(f"check of round {k!r}: the last round done is {self.done}")
+        pending = self.pending
+        result = pending if pending is None or isinstance(pending, tuple) else pending()
+        digest, ok = result if result is not None else (None, k == 0)
+        self.pending = None
+        forget_prepared()
+        if k < MAX_ROUNDS:
+            prepare(k + 1)
+        self.send({"op": "checked", "k": k, "digest": digest, "validated": bool(ok)})
+
+
+def main() -> int:
+    """Run the protocol on stdin/stdout; anything else written to fd 1 goes to stderr."""
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return Session(channel).serve(sys.argv[1:], sys.stdin)
