@@ -146,8 +146,8 @@ def test_firecracker_prepare_and_collect_round_trip(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The README's Firecracker helpers, run for real: prepare builds the jail (kernel, root
-    image with the payload, workspace image, a config in Firecracker's shape); collect copies
-    the workspace image's tree out, byte for byte."""
+    image with the payload's directory, workspace image, a config in Firecracker's shape);
+    collect copies the workspace image's tree out, byte for byte."""
     for tool in ("mkfs.ext4", "debugfs"):
         require_binary(tool)
     mode, env = _firecracker_env(tmp_path, monkeypatch)
@@ -158,14 +158,15 @@ def test_firecracker_prepare_and_collect_round_trip(
     boot = config["boot-source"]
     assert boot["kernel_image_path"] == "/vmlinux" and (jail / "vmlinux").exists()
     payload_argv = boot["boot_args"].split(" -- ")[1].split()
-    assert payload_argv[1:6] == ["-I", "-S", "/sandbench-payload.py", "--workload", "publish"]
+    assert payload_argv[1:6] == ["-I", "-S", "/workloads/payload.py", "--workload", "publish"]
     assert payload_argv[-2:] == ["--root", "/ws"]
     assert [d["path_on_host"] for d in config["drives"]] == ["/rootfs.ext4", "/ws.ext4"]
     assert config["machine-config"] == {"vcpu_count": 2, "mem_size_mib": 2048 - 128}
     listing = subprocess.run(
-        ["debugfs", "-R", "ls /", str(jail / "rootfs.ext4")], capture_output=True, text=True
-    ).stdout
-    assert "sandbench-payload.py" in listing
+        ["debugfs", "-R", "ls /workloads", str(jail / "rootfs.ext4")], capture_output=True,
+        text=True,
+    ).stdout  # fmt: skip
+    assert "payload.py" in listing and "protocol.py" in listing  # the bootstrap and its body
     assert mode.launcher(env)[:2] == ["jailer", "--id"]
     result = mode.result_root(env)
     assert result == env.env_dir / "result"
