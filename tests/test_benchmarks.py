@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -31,3 +32,28 @@ def test_workloads_native_fails_loudly() -> None:
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAILED environments: publish" in done.stdout
+
+
+def test_fidelity_prints_its_figures() -> None:
+    """fidelity.py runs both parts and prints ratios and Ready - spawn (targets are its verdict,
+    not this test's: it exits 0 or 1 by them, never 2 here)."""
+    done = run_script(
+        "fidelity.py", "--pairs", "1", "--ready", "2", "--scale", "0.02",
+        "--workloads", "publish", "read-small", "--modes", "native", "command",
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    out = done.stdout
+    assert "load average at start" in out and "load average at end" in out
+    assert re.search(r"^publish\s+workflow\s+[\d.]+\s+[\d.]+\s+[\d.]+$", out, flags=re.M), out
+    assert re.search(r"^native\s+(-?[\d.]+\s+){5}", out + " ", flags=re.M), out
+    assert "mechanisms: median of 1 ratios" in out and "native: median Ready - spawn" in out
+
+
+def test_fidelity_fails_without_figures() -> None:
+    """fidelity.py exits 2, printing no figure, when an environment fails."""
+    done = run_script(
+        "fidelity.py", "--pairs", "1", "--scale", "0.02", "--workloads", "publish",
+        "--modes", SANDBENCH_PYTHON="/bin/false",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "FAILED environment, no figure" in done.stdout
