@@ -15,7 +15,8 @@ from tasks.errors import SandbenchError
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 from worker import quota
 from worker.procs import spawn_marked
-from worker.runner import remove_tree, run_environment
+from worker.runner import run_environment
+from worker.workroot import remove_tree
 
 READY = '{"op": "ready"}'
 

@@ -26,10 +26,7 @@ failure never shows a round time of zero. The runner does not gate on the mode's
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime as dt
-import os
-import shutil
 import subprocess
 import threading
 import time
@@ -51,6 +48,7 @@ from worker.modes import EnvContext, HostInfo, Mode, Preflight, get_mode
 from worker.modes.base import PAYLOAD_PYTHON, cgroup_overhead, mode_oom_killed
 from worker.modes.staged import snapshot, snapshot_diff, syncfs
 from worker.procs import close_pipes, kill_process, spawn_marked
+from worker.workroot import remove_tree
 
 LAUNCH_FAILURE_CODES = (126, 127)  # the shell's "cannot execute" and "not found"
 ENOSPC_MARKERS = ("No space left on device", "ENOSPC", "[Errno 28]")
@@ -487,34 +485,3 @@ def _os_reason(exc: BaseException, default: str = "launcher-error") -> str:
 def _text(value: Any) -> str | None:
     """A digest as text (None stays None)."""
     return None if value is None else str(value)
-
-
-# -- guarded removal of an environment's files -------------------------------------------------
-MNT_DETACH = 2
-
-
-def remove_tree(path: Path, work_root: Path) -> list[str]:
-    """Delete ``path`` (unmounting anything below it first) only if it is inside ``work_root``."""
-    path, work_root = path.absolute(), work_root.resolve()
-    if path.resolve() == work_root or work_root not in path.resolve().parents:
-        raise SandbenchError(f"refusing to delete {path}: not inside the work root {work_root}")
-    problems = [f"unmount {m}: errno {e}" for m, e in _unmount_below(path.resolve()) if e]
-    shutil.rmtree(path, ignore_errors=True)
-    if os.path.lexists(path):
-        problems.append(f"could not remove {path}")
-    return problems
-
-
-def _unmount_below(path: Path) -> list[tuple[str, int]]:
-    """Detach every mount at or below ``path`` (deepest first); (mount point, errno) each."""
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split()[4].encode().decode("unicode_escape")
-        if point == str(path) or point.startswith(str(path) + "/"):
-            points.append(point)
-    libc = ctypes.CDLL(None, use_errno=True)
-    results = []
-    for point in sorted(points, key=len, reverse=True):
-        failed = libc.umount2(point.encode(), MNT_DETACH) != 0
-        results.append((point, ctypes.get_errno() if failed else 0))
-    return results

@@ -1,0 +1,39 @@
+"""The work root: an environment's files are removed only inside it, mounts below detached first."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+from pathlib import Path
+
+from tasks.errors import SandbenchError
+
+MNT_DETACH = 2
+
+
+def remove_tree(path: Path, work_root: Path) -> list[str]:
+    """Delete ``path`` (unmounting anything below it first) only if it is inside ``work_root``."""
+    path, work_root = path.absolute(), work_root.resolve()
+    if path.resolve() == work_root or work_root not in path.resolve().parents:
+        raise SandbenchError(f"refusing to delete {path}: not inside the work root {work_root}")
+    problems = [f"unmount {m}: errno {e}" for m, e in _unmount_below(path.resolve()) if e]
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        problems.append(f"could not remove {path}")
+    return problems
+
+
+def _unmount_below(path: Path) -> list[tuple[str, int]]:
+    """Detach every mount at or below ``path`` (deepest first); (mount point, errno) each."""
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].encode().decode("unicode_escape")
+        if point == str(path) or point.startswith(str(path) + "/"):
+            points.append(point)
+    libc = ctypes.CDLL(None, use_errno=True)
+    results = []
+    for point in sorted(points, key=len, reverse=True):
+        failed = libc.umount2(point.encode(), MNT_DETACH) != 0
+        results.append((point, ctypes.get_errno() if failed else 0))
+    return results
