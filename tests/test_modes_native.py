@@ -1,4 +1,4 @@
-"""native mode: all 19 workloads pass at scale 0.02, and its preflight reports the interpreter."""
+"""native mode: every workload passes at scale 0.02, and its preflight reports the interpreter."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""staged mode (overlayfs): all 19 workloads pass with the original intact; publication is exact."""
+"""staged mode (overlayfs): every workload passes with the original intact; publication is exact."""
 
 from __future__ import annotations
 
