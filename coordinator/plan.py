@@ -47,7 +47,7 @@ from pydantic import (
 from tasks.errors import PlanError
 from tasks.names import Name
 from tasks.records import Quota, VmSize
-from workloads.registry import MAX_ROUNDS
+from workloads.kit import MAX_ROUNDS
 
 ALL = "all"
 PRESETS = ("smoke", "full")
