@@ -5,6 +5,9 @@ Record format versions (bump ``SCHEMA_VERSION`` and list every change here):
 * 1 -- first version (design's record fields plus ``seed``, ``scale``, ``tools``, ``accel``).
 * 2 -- optional ``leftover_processes``: processes left in the environment's cgroup when the
   launcher exited, killed at once (absent when the launcher did not exit by itself).
+* 3 -- ``kind``: ``environment`` (one of a cell's) or ``sentinel`` (a calibration environment
+  of the machine-state sentinel, never in a cell); ``wall_s``: host seconds of the whole
+  environment, preparation to cleanup (absent for one that did not run).
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.names import Name
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 Outcome = Literal["passed", "failed", "not-run"]
 FailureClass = Literal["startup", "task", "resource"]
+# What an environment is for: a cell's measurement, or the machine-state sentinel's calibration.
+Kind = Literal["environment", "sentinel"]
 
 # Outcome table of the design: every reason belongs to exactly one class.
 REASONS: dict[str, FailureClass] = {
@@ -83,6 +88,7 @@ class EnvironmentSpec(BaseModel):
     work_root: str
     # mode-specific settings, e.g. the command template of a ``command`` mode
     mode_options: dict[str, Any] = Field(default_factory=dict)
+    kind: Kind = "environment"  # a sentinel is in no cell: see ``coordinator.sentinel``
 
     def key(self) -> str:
         """Idempotency key: campaign, host, mode, workload, environment index, attempt."""
@@ -157,6 +163,8 @@ class EnvironmentRecord(BaseModel):
     scale: float | None = None
     rounds_planned: int | None = None
     provenance: dict[str, Any] = Field(default_factory=dict)  # per-environment facts (accel, tools)
+    kind: Kind = "environment"
+    wall_s: float | None = None  # host seconds of the whole environment, prepare to cleanup
     superseded: bool = False
     signature: Signature | None = None
 
@@ -187,6 +195,7 @@ class EnvironmentRecord(BaseModel):
             seed=spec.seed,
             scale=spec.scale,
             rounds_planned=spec.rounds,
+            kind=spec.kind,
             **fields,
         )
 

@@ -91,12 +91,14 @@ def run_environment(
     host = host or HostInfo()
     verdict = preflight or preflight_of(mode, host, spec.mode_options)
     run = _Run(spec, mode, host, stop, verdict)
+    started = time.monotonic()
     try:
         failure = run.execute(workload)
     except Stopped:
         return None
     finally:
         run.cleanup()
+        run.fields["wall_s"] = time.monotonic() - started  # the whole environment's cost
     return run.record(failure)
 
 
