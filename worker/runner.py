@@ -35,6 +35,7 @@ from typing import Any
 
 from tasks.errors import SandbenchError
 from tasks.records import REASONS, EnvironmentRecord, EnvironmentSpec, OracleResult, RoundRecord
+from worker import ledger
 from worker import quota as cgroups
 from worker.channel import (
     Channel,
@@ -168,9 +169,11 @@ class _Run:
 
         spec = self.spec
         name = cgroups.cgroup_name(spec.key())
-        self.base = self.work_root / "envs" / name
+        self.base = self.work_root / ledger.ENVS_DIR / name
+        cgroup = cgroups.new_cgroup(name)
         workspace, env_dir = self.base / "workspace", self.base / "env"
-        try:
+        try:  # the work root owns the environment before anything of it exists (the reaper's)
+            ledger.own(self.work_root, name, spec.key(), cgroup.path, cgroup.version)
             env_dir.mkdir(parents=True)
             fixtures = self.work_root / "fixtures"
             fixture = ensure_fixture(spec.workload, spec.seed, spec.scale, fixtures)
@@ -183,7 +186,8 @@ class _Run:
         quota = spec.quota
         if overhead := cgroup_overhead(self.mode):  # room for the mode's client beside the quota
             quota = quota.model_copy(update={"memory_bytes": quota.memory_bytes + overhead})
-        self.cgroup = cgroups.create(name, quota)
+        self.cgroup = cgroup  # set first: cleanup removes a half-created cgroup
+        cgroup.create(quota)
         self.fields["provenance"]["cgroup"] = self.cgroup.facts()  # the quota as applied
         self.env = EnvContext(spec, workspace, env_dir, self.cgroup.path)
         try:
@@ -473,6 +477,8 @@ class _Run:
                 problems.append(str(exc))
         if self.base is not None:
             problems.extend(remove_tree(self.base, self.work_root))
+            if not problems:  # else the entry stays: the reaper finishes the job
+                ledger.release(self.work_root, self.base.name)
         if problems:
             self.fields.setdefault("provenance", {})["cleanup"] = problems
 
