@@ -33,6 +33,7 @@ from worker.vm.job import GUEST_PAYLOAD_DIR, Job, WorkspaceKind
 
 CONSOLE_LOG = "console.log"
 JOB_FILE = "guest-job.sh"
+QEMU_PIDFILE = "qemu.pid"  # in the environment's directory, for the reaper
 CTL_BASE = "guest-ctl"  # fifo pair guest-ctl.in / guest-ctl.out
 DISK_IMAGE = "workspace.ext4"
 RESULT_DIR = "result"
@@ -129,6 +130,7 @@ class VmMode:
             initrd=prepared.initrd,
             job=job.write(env.env_dir / JOB_FILE),
             console_log=env.env_dir / CONSOLE_LOG,
+            pidfile=env.env_dir / QEMU_PIDFILE,
             machine=self.machine,
             accel=str(forced or accel.detect_accel(prepared).get("accel") or "tcg"),
             vcpus=env.spec.vm.vcpus,

@@ -77,6 +77,7 @@ class GuestConfig:
     workspace_9p: Path | None = None  # exported read-write as mount tag "ws"
     disk_image: Path | None = None  # raw ext4 image attached as the first virtio disk
     ctl_pipe: Path | None = None  # fifo pair base name (<path>.in/.out) for the sync agent
+    pidfile: Path | None = None  # QEMU writes its pid here (the reaper finds a stray VM by it)
     extra_kernel_args: list[str] = field(default_factory=list)
     extra_args: list[str] = field(default_factory=list)  # more devices (the v2 host's shares)
 
@@ -170,6 +171,7 @@ def qemu_argv(config: GuestConfig) -> list[str]:
         "-serial", f"file:{config.console_log}",
         *_fs_args(config),
         *_port_args(config),
+        *(["-pidfile", str(config.pidfile)] if config.pidfile else []),
         *config.extra_args,
     ]  # fmt: skip
 
