@@ -11,7 +11,9 @@ Definitions (design, "Statistics"):
 * startup range per mode = min / median / max of Ready over its passed environments;
 * coverage counts planned, ran, passed, failed, not run (rule), not run (preflight), pending,
   complete cells of all cells, valid round records (validated rounds of run environments);
-* older attempts of a cell (fleet reruns) are superseded: kept in the raw table, never counted.
+* older attempts of a cell (fleet reruns) are superseded: kept in the raw table, never counted;
+* sentinel environments (``coordinator.sentinel``) are in no cell: they are set apart first, as
+  ``SentinelTable`` per host, and count in nothing above.
 
 No table mixes hosts or cohorts: every result is a ``HostTables`` of one (host, cohort).
 """
@@ -26,9 +28,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from coordinator import sentinel
 from coordinator.views import RecordView
 from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec
 
+ENVIRONMENT = "environment"  # a cell's environment (tasks.records.Kind)
 CI_MIN_N = 10
 P95_MIN_N = 30
 BOOTSTRAP_RESAMPLES = 2000
@@ -64,6 +68,11 @@ class Analysis:
     tables: list[HostTables]
     raw: pd.DataFrame
     extras: dict[str, Any] = field(default_factory=dict)
+    sentinels: list[sentinel.SentinelTable] = field(default_factory=list)
+
+    def sentinel_of(self, host: str, cohort: str) -> sentinel.SentinelTable | None:
+        """The sentinel of one host and cohort, if the campaign planned one."""
+        return next((s for s in self.sentinels if (s.host, s.cohort) == (host, cohort)), None)
 
 
 def workload_groups() -> dict[str, str]:
@@ -92,6 +101,7 @@ def _row(r: EnvironmentRecord | RecordView) -> tuple[Any, ...]:
         _status(r.outcome, r.reason), r.failure_class, r.reason, r.detail, r.ready_ms,
         sum([x.task_s for x in rounds]) if rounds else np.nan,
         [x.validated for x in rounds].count(True), len(rounds), r.superseded, r.campaign,
+        r.kind, r.started_at, r.wall_s,
     )  # fmt: skip
 
 
@@ -103,7 +113,7 @@ def _dict_row(r: dict[str, Any]) -> tuple[Any, ...]:
         r.get("failure_class"), r.get("reason"), r.get("detail"), r.get("ready_ms"),
         sum(x["task_s"] for x in rounds) if rounds else np.nan,
         sum(1 for x in rounds if x["validated"]), len(rounds), r.get("superseded", False),
-        r["campaign"],
+        r["campaign"], r.get("kind", "environment"), r.get("started_at"), r.get("wall_s"),
     )  # fmt: skip
 
 
@@ -111,21 +121,23 @@ def records_frame(records: Sequence[Any]) -> pd.DataFrame:
     """One row per record (model, view or JSON dict): identity, outcome, Ready, task time."""
     rows = [_dict_row(r) if isinstance(r, dict) else _row(r) for r in records]
     cols = [*ENV_KEYS, "order_index", "status", "failure_class", "reason", "detail", "ready_ms",
-            "task_s", "valid_rounds", "rounds", "superseded_flag", "campaign"]  # fmt: skip
+            "task_s", "valid_rounds", "rounds", "superseded_flag", "campaign", "kind",
+            "started_at", "wall_s"]  # fmt: skip
     df = pd.DataFrame(rows, columns=cols)
-    return df.astype({"ready_ms": float, "task_s": float, "superseded_flag": bool})
+    return df.astype({"ready_ms": float, "task_s": float, "superseded_flag": bool, "wall_s": float})
 
 
 def planned_frame(planned: Sequence[EnvironmentSpec] | Sequence[dict[str, Any]]) -> pd.DataFrame:
     """One row per planned environment (specs or their stored JSON dicts)."""
     rows = [
         (s["host"], s.get("cohort", "default"), s["mode"], s["workload"], s["env_index"],
-         s.get("attempt", 1), s.get("order_index", 0))
+         s.get("attempt", 1), s.get("order_index", 0), s.get("kind", "environment"))
         if isinstance(s, dict)
-        else (s.host, s.cohort, s.mode, s.workload, s.env_index, s.attempt, s.order_index)
+        else (s.host, s.cohort, s.mode, s.workload, s.env_index, s.attempt, s.order_index,
+              s.kind)
         for s in planned
     ]  # fmt: skip
-    return pd.DataFrame(rows, columns=[*ENV_KEYS, "order_index"])
+    return pd.DataFrame(rows, columns=[*ENV_KEYS, "order_index", "kind"])
 
 
 def _current(planned: pd.DataFrame, raw: pd.DataFrame) -> pd.DataFrame:
@@ -347,6 +359,9 @@ def analyze(
     if seed is None:
         seed = _campaign_seed(planned, specs)
     plan_df, raw = planned_frame(specs), records_frame(records)
+    sentinels = sentinel.tables(plan_df, raw, ENV_KEYS)
+    plan_df = plan_df[plan_df["kind"] == ENVIRONMENT].drop(columns=["kind"])
+    raw = raw[raw["kind"] == ENVIRONMENT].reset_index(drop=True)
     raw = _mark_superseded(plan_df, raw)
     env = _current(plan_df, raw)
     mode_order = _mode_order(planned, plan_df["mode"])
@@ -355,7 +370,7 @@ def analyze(
         _host_tables(str(host), str(cohort), g, raw, seed)
         for (host, cohort), g in env.groupby(["host", "cohort"], sort=True)
     ]
-    return Analysis(tables, raw)
+    return Analysis(tables, raw, sentinels=sentinels)
 
 
 def _campaign_seed(planned: Any, specs: Sequence[Any]) -> int:

@@ -9,6 +9,7 @@ import uuid
 from collections import Counter
 from datetime import UTC, datetime
 
+from coordinator import sentinel
 from coordinator.plan import Plan
 from tasks.records import EnvironmentSpec
 
@@ -36,35 +37,31 @@ def expand(
     *,
     attempt: int = 1,
 ) -> list[EnvironmentSpec]:
-    """Every planned environment of every host, each host's list in its seeded run order."""
+    """Every planned environment of every host, each host's list in its seeded run order.
+
+    The sentinel's calibration points (``coordinator.sentinel``) are placed in that order at
+    the start, after every K environments and at the end, unless the plan turns them off.
+    """
     specs: list[EnvironmentSpec] = []
     cells = plan.cells()
     quota = plan.quota.quota()
     for host in hosts:
         slots = [(entry, w, i) for entry, w in cells for i in range(plan.environments)]
         host_rng(plan.seed, host).shuffle(slots)
-        for order, (entry, workload, env_index) in enumerate(slots):
-            specs.append(
-                EnvironmentSpec(
-                    campaign=campaign_id,
-                    cohort=plan.cohort,
-                    host=host,
-                    mode=entry.name,
-                    workload=workload,
-                    env_index=env_index,
-                    attempt=attempt,
-                    order_index=order,
-                    task_id=uuid.uuid4().hex,
-                    seed=plan.seed,
-                    scale=plan.scale,
-                    rounds=plan.rounds,
-                    limit_s=plan.limit_s,
-                    quota=quota,
-                    vm=plan.vm,
-                    work_root=work_root,
-                    mode_options=entry.mode_options(),
-                )  # fmt: skip
-            )
+        shared = {"campaign": campaign_id, "cohort": plan.cohort, "host": host, "quota": quota,
+                  "vm": plan.vm, "work_root": work_root}  # fmt: skip
+        for order, slot in enumerate(sentinel.layout(len(slots), plan.sentinel.every)):
+            if isinstance(slot, tuple):
+                specs.append(sentinel.spec(shared, *slot, order, plan.limit_s))
+                continue
+            entry, workload, env_index = slots[slot]
+            cell_spec = EnvironmentSpec(
+                **shared, mode=entry.name, workload=workload, env_index=env_index,
+                attempt=attempt, order_index=order, task_id=uuid.uuid4().hex, seed=plan.seed,
+                scale=plan.scale, rounds=plan.rounds, limit_s=plan.limit_s,
+                mode_options=entry.mode_options(),
+            )  # fmt: skip
+            specs.append(cell_spec)
     return specs
 
 
@@ -94,8 +91,22 @@ def describe(plan: Plan) -> list[str]:
     lines.append(f"expansion per host: {' + '.join(terms)} = {total} environments")
     if len(by_count) > 1:
         lines.append("  (some modes run a subset of the workloads: see the notes)")
+    lines.insert(2, _sentinel_line(plan, total))
     lines += [f"note: {n}" for n in plan.notes]
     return lines
+
+
+def _sentinel_line(plan: Plan, total: int) -> str:
+    """What the machine-state sentinel adds per host (or that the plan turned it off)."""
+    every = plan.sentinel.every
+    if not every:
+        return "sentinel: off (sentinel = false): compare cannot tell the machine's own drift"
+    n = sentinel.points(total, every)
+    return (
+        f"sentinel: {_n(n, 'point')} (start, every {every} environments, end) x "
+        f"{', '.join(sentinel.WORKLOADS)} = {n * len(sentinel.WORKLOADS)} calibration "
+        "environments, native, in no cell"
+    )
 
 
 def _mode_label(plan: Plan, name: str) -> str:

@@ -13,6 +13,7 @@ Example::
     modes = ["native", "staged", { name = "vm", workloads = ["workflow"] },
              { name = "gvisor", template = ["runsc", "do", "{payload_argv}"] }]
     notes = ["why this plan looks the way it does"]
+    sentinel = true             # calibration points every 30 environments; false: none
     [quota]
     cpus = "0,1"
     cpu_quota = 2.0
@@ -21,6 +22,9 @@ Example::
     [vm]
     vcpus = 2
     memory_mib = 512
+
+The machine-state sentinel (``coordinator.sentinel``) is on unless ``sentinel = false``; a
+``[sentinel]`` table with ``every = K`` sets how many environments run between its points.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from pydantic import (
     model_validator,
 )
 
+from coordinator.sentinel import SentinelPlan
 from tasks.errors import PlanError
 from tasks.names import Name
 from tasks.records import Quota, VmSize
@@ -178,6 +183,12 @@ class Plan(BaseModel):
     quota: QuotaPlan = Field(default_factory=lambda: QuotaPlan.model_validate({}))
     vm: VmSize = Field(default_factory=lambda: VmSize.model_validate({}))
     notes: list[str] = Field(default_factory=list)
+    sentinel: SentinelPlan = Field(default_factory=lambda: SentinelPlan.model_validate({}))
+
+    @field_validator("sentinel", mode="before")
+    @classmethod
+    def _sentinel(cls, value: Any) -> Any:
+        return SentinelPlan.of(value)
 
     def mode_entries(self) -> list[ModeEntry]:
         """Every mode as a ``ModeEntry``."""

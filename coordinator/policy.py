@@ -108,7 +108,8 @@ def derive(
         if require_complete and spec.key() not in by_key:
             out.append(Violation(spec.key(), "planned but has no record"))
     for specs in cells.values():
-        out += _check_cell(specs, by_key)
+        if specs[0].kind == "environment":  # a sentinel is in no cell: the rule ignores it
+            out += _check_cell(specs, by_key)
     return out
 
 

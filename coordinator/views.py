@@ -49,6 +49,9 @@ class RecordView(msgspec.Struct):
     rounds: list[RoundView] = msgspec.field(default_factory=list)
     superseded: bool = False
     signature: SignatureView | None = None
+    kind: str = "environment"  # or "sentinel" (coordinator.sentinel)
+    started_at: str | None = None
+    wall_s: float | None = None
 
 
 RECORD_DECODER = msgspec.json.Decoder(RecordView)
@@ -69,6 +72,7 @@ class PlannedView(msgspec.Struct):
     cohort: str = "default"
     attempt: int = 1
     order_index: int = 0
+    kind: str = "environment"
 
 
 class CampaignView(msgspec.Struct):

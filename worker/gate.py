@@ -5,7 +5,9 @@ preflight verdict (asked once per campaign and mode on this host) must be ok, el
 ``not-run`` with reason ``preflight: <why>`` and nothing runs; no environment planned earlier in
 the cell (same attempt) may have failed, else it is ``not-run`` under the first-failure rule;
 then the runner, where a harness error becomes a failed record rather than a lost environment;
-a failure becomes evidence for the rule; the record is signed with the host key.
+a failure becomes evidence for the rule; the record is signed with the host key. A sentinel
+environment (``kind = "sentinel"``, ``coordinator.sentinel``) is in no cell: the rule neither
+skips it nor learns from it.
 
 The transports differ only in where the rule's evidence lives (``CellFailures``): the fleet
 keeps a flag per cell in Redis (``worker.fleet``), the embedded executor the records it stored
@@ -167,7 +169,7 @@ def run_planned(
     record = _decide(spec, host, failures, stop)
     if record is None or (stop is not None and stop.is_set() and record.outcome == "failed"):
         return None
-    if record.outcome == "failed":
+    if record.outcome == "failed" and spec.kind == "environment":  # a sentinel is in no cell
         failures.mark_failed(spec)
     if annotate is not None:
         extra = annotate(Span(started, time.time()))
@@ -193,7 +195,7 @@ def _decide(
     verdict = host.preflight(spec)
     if not verdict.ok:
         return not_run(spec, NOT_RUN_PREFLIGHT_PREFIX + (verdict.reason or "unavailable"))
-    if failures.failed_before(spec):
+    if spec.kind == "environment" and failures.failed_before(spec):
         return not_run(spec, NOT_RUN_RULE, RULE_DETAIL)
     try:
         return run_environment(spec, host=host.info(), stop=stop, preflight=verdict)

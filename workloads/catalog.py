@@ -1,7 +1,9 @@
 """Every declared workload, in the design's table order: the one list payload and host share.
 
 Standard library only (it runs inside every mode). A workload module declares its workloads
-in ``DECLARED``; a new workload module is listed once, in ``MODULES``.
+in ``DECLARED``; a new workload module is listed once, in ``MODULES``. The sentinel's calibration
+environments (``workloads.calibration``) are declared the same way but kept apart, in
+``CALIBRATION``: the payload and the oracle find them by name, nothing lists them as workloads.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from workloads import reads, workflow, working_set, writes
+from workloads.calibration import DECLARED as CALIBRATION_DECLARED
 from workloads.kit import GROUPS, SECTIONS, Declaration, PayloadError
 
 MODULES = (writes, reads, working_set, workflow)
@@ -34,9 +37,20 @@ def collect(modules: Iterable[Any]) -> dict[str, Declaration]:
 DECLARED = collect(MODULES)
 
 
+def collect_calibration(declarations: Iterable[Declaration]) -> dict[str, Declaration]:
+    """The calibration declarations by name; a name a workload already has is an error."""
+    found = {d.name: d for d in declarations}
+    if clash := sorted(set(found) & set(DECLARED)):
+        raise PayloadError(f"calibration {clash[0]!r}: the name is a workload's")
+    return found
+
+
+CALIBRATION = collect_calibration(CALIBRATION_DECLARED)
+
+
 def declared(name: str) -> Declaration:
-    """The declaration of workload ``name``; PayloadError if there is none."""
-    try:
-        return DECLARED[name]
-    except KeyError:
-        raise PayloadError(f"unknown workload {name!r}") from None
+    """The declaration of workload (or calibration) ``name``; PayloadError if there is none."""
+    found = DECLARED.get(name) or CALIBRATION.get(name)
+    if found is None:
+        raise PayloadError(f"unknown workload {name!r}")
+    return found

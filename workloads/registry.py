@@ -66,14 +66,16 @@ WORKLOADS: dict[str, Workload] = {name: Workload.of(d) for name, d in catalog.DE
 GROUPS: dict[str, list[str]] = {
     g: [n for n, wl in WORKLOADS.items() if wl.group == g] for g in GROUP_NAMES
 }
+# The sentinel's calibration environments: run and checked like workloads, listed nowhere.
+CALIBRATIONS: dict[str, Workload] = {n: Workload.of(d) for n, d in catalog.CALIBRATION.items()}
 
 
 def get_workload(name: str) -> Workload:
-    """The workload called ``name``; WorkloadError with a suggestion otherwise."""
-    try:
-        return WORKLOADS[name]
-    except KeyError:
-        raise WorkloadError(_unknown(name)) from None
+    """The workload (or calibration) called ``name``; WorkloadError with a suggestion otherwise."""
+    found = WORKLOADS.get(name) or CALIBRATIONS.get(name)
+    if found is None:
+        raise WorkloadError(_unknown(name))
+    return found
 
 
 def _unknown(name: str) -> str:

@@ -1,0 +1,191 @@
+"""The machine-state sentinel: fixed calibration environments run through every campaign.
+
+Within a campaign the seeded order spreads the machine's own drift (a busy neighbour, a warm
+or cold disk) over every mode; between two campaigns nothing does, so a slower machine would
+pass for a slower mode. Each campaign therefore runs, on each host, a *point* of calibration
+environments (``workloads.calibration``: ``sentinel-cpu``, an interpreted integer loop, and
+``sentinel-fsync``, 4 KiB appends each fsynced; native mode, fixed work, each well under a
+second) at the start, after every K environments of the seeded order, and at the end.
+
+Sentinel environments are planned, run through the same gate, signed and stored like every
+other (``kind = "sentinel"`` on spec and record), and ``verify`` counts them for completeness;
+they belong to no cell: the first-failure rule ignores them, and the result tables, results.csv
+and the coverage counts of the workloads never include them. The report plots them over the
+campaign's time and states their share of the environments' wall time; ``compare`` prints the
+ratio of their medians between two campaigns and withholds a faster/slower verdict when the
+machine's own shift is as large as the effect (see ``drift_masks``).
+
+Plan option (``coordinator.plan``): ``sentinel = false`` turns it off; ``[sentinel]`` with
+``every = K`` sets K (default ``DEFAULT_EVERY``).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.records import EnvironmentSpec
+from workloads.catalog import CALIBRATION
+
+KIND = "sentinel"
+MODE = "native"
+WORKLOADS = tuple(CALIBRATION)  # one point runs each of them, in this order
+ROUNDS = 3
+SCALE = 1.0  # their parameters never scale anyway
+SEED = 0  # the same bytes in every campaign
+LIMIT_S = 30.0  # at most the plan's limit
+# Environments between two points: the smoke preset (297 environments, about six minutes
+# here) then gets 12 points of two environments of about 0.2 s each, about 1% of its time.
+DEFAULT_EVERY = 30
+MAX_EVERY = 50_000  # the largest expansion per host (coordinator.plan.MAX_PLANNED)
+# compare withholds faster/slower when the sentinel moved at least this fraction of the
+# cell's own move, both measured as |log ratio| (0.5: half the effect is the machine's).
+MASK_FRACTION = 0.5
+
+
+class SentinelPlan(BaseModel):
+    """The plan's ``[sentinel]`` table; ``sentinel = false`` is ``every = 0`` (off)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    every: int = Field(DEFAULT_EVERY, ge=0, le=MAX_EVERY)  # K; 0 turns the sentinel off
+
+    @classmethod
+    def of(cls, value: Any) -> Any:
+        """``true``/``false`` as the table they mean; anything else as given (validated after)."""
+        if value is True:
+            return {}
+        if value is False:
+            return {"every": 0}
+        if not isinstance(value, dict | SentinelPlan):
+            raise ValueError(
+                "write sentinel = true, sentinel = false, or a table such as "
+                f"[sentinel] every = {DEFAULT_EVERY}"
+            )
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the campaign runs sentinel points."""
+        return self.every > 0
+
+
+Slot = int | tuple[int, str]  # a cell environment's index, or (point, calibration workload)
+
+
+def layout(n: int, every: int) -> Iterator[Slot]:
+    """A host's run order: its ``n`` environments (indices) with the sentinel's points inserted
+    at the start, after every ``every`` environments and at the end (never twice in a row)."""
+    point = 0
+    for i in range(n + 1):
+        if every and (i % every == 0 or i == n):
+            yield from ((point, w) for w in WORKLOADS)
+            point += 1
+        if i < n:
+            yield i
+
+
+def points(n: int, every: int) -> int:
+    """How many points ``layout(n, every)`` holds."""
+    return n // every + 1 + (1 if n % every else 0) if every else 0
+
+
+def spec(
+    base: dict[str, Any], point: int, workload: str, order: int, limit_s: float
+) -> EnvironmentSpec:
+    """The calibration environment ``workload`` of sentinel point ``point`` at ``order``.
+
+    ``base`` carries what every environment of the host shares (campaign, cohort, host, quota,
+    VM size, work root); the rest is fixed, so two campaigns' sentinels do the same work.
+    """
+    return EnvironmentSpec(
+        **base, mode=MODE, workload=workload, env_index=point, attempt=1, order_index=order,
+        task_id=uuid.uuid4().hex, seed=SEED, scale=SCALE, rounds=ROUNDS,
+        limit_s=min(LIMIT_S, limit_s), mode_options={}, kind=KIND,
+    )  # fmt: skip
+
+
+def drift_masks(drift: float, ratio: float) -> bool:
+    """Whether a machine shift ``drift`` (B / A) is as large as a cell's ``ratio`` to matter."""
+    if drift <= 0 or ratio <= 0:
+        return False
+    return abs(math.log(drift)) >= MASK_FRACTION * abs(math.log(ratio))
+
+
+# --- the sentinel's records, per host ----------------------------------------------------------
+@dataclass
+class SentinelTable:
+    """The machine-state sentinel of one host and cohort: its points and its share of the time."""
+
+    host: str
+    cohort: str
+    points: pd.DataFrame  # one row per planned sentinel environment, in run order, with at_s
+    wall_s: float  # host seconds of every environment of the host that ran, sentinels included
+    sentinel_wall_s: float  # of which the sentinel environments
+
+    @property
+    def share(self) -> float | None:
+        """The sentinel's share of the environments' wall time (None before any ran)."""
+        return self.sentinel_wall_s / self.wall_s if self.wall_s > 0 else None
+
+    def medians(self) -> dict[str, tuple[int, float]]:
+        """Calibration workload -> (passed points, median task time in s), in run order."""
+        ok = self.points[self.points["status"] == "passed"]
+        return {str(w): (len(g), float(g["task_s"].median()))
+                for w, g in ok.groupby("workload", sort=False)}  # fmt: skip
+
+
+def tables(planned: pd.DataFrame, raw: pd.DataFrame, keys: list[str]) -> list[SentinelTable]:
+    """Each host's sentinel from the planned and recorded frames (``coordinator.analysis``):
+    its points joined with their records (by ``keys``) and its share of the time."""
+    if not (planned["kind"] == KIND).any():
+        return []
+    points = planned[planned["kind"] == KIND].drop(columns=["kind"])
+    fresh = raw[raw["kind"] == KIND].drop_duplicates(keys, keep="first")
+    points = points.merge(fresh.drop(columns=["order_index", "kind"]), on=keys, how="left")
+    points["status"] = points["status"].fillna("pending")
+    out = []
+    for (host, cohort), g in points.groupby(["host", "cohort"], sort=True):
+        mine = raw[(raw["host"] == host) & (raw["cohort"] == cohort)]
+        mine = mine.sort_values("order_index", kind="stable")
+        wall = mine["wall_s"].fillna(0.0).to_numpy(dtype=float)
+        # time into the campaign: the host seconds of the environments run before the point
+        before = dict(zip(mine["order_index"], np.cumsum(wall) - wall, strict=True))
+        ordered = g.sort_values("order_index", kind="stable").reset_index(drop=True)
+        ordered["at_s"] = ordered["order_index"].map(before).astype(float)
+        own = float(mine.loc[mine["kind"] == KIND, "wall_s"].sum())
+        out.append(SentinelTable(str(host), str(cohort), ordered, float(wall.sum()), own))
+    return out
+
+
+@dataclass(frozen=True)
+class SentinelRatio:
+    """One calibration workload's medians (s) on two sides of a comparison, ratio B / A."""
+
+    workload: str
+    n_a: int
+    n_b: int
+    median_a: float
+    median_b: float
+    ratio: float
+
+
+def ratios(a: SentinelTable | None, b: SentinelTable | None) -> list[SentinelRatio]:
+    """The calibration workloads passed on both sides, each with its medians' ratio B / A."""
+    if a is None or b is None:
+        return []
+    ma, mb = a.medians(), b.medians()
+    return [SentinelRatio(w, ma[w][0], mb[w][0], ma[w][1], mb[w][1], mb[w][1] / ma[w][1])
+            for w in ma if w in mb and ma[w][1] > 0 and mb[w][1] > 0]  # fmt: skip
+
+
+def largest(found: list[SentinelRatio]) -> SentinelRatio | None:
+    """The ratio farthest from 1 (in log terms): the machine's shift that compare assumes."""
+    return max(found, key=lambda r: abs(math.log(r.ratio)), default=None)

@@ -1,0 +1,113 @@
+"""Calibration environments of the machine-state sentinel: fixed work, not among the workloads.
+
+The sentinel (``coordinator.sentinel``) runs these in native mode at the start of a campaign,
+every K environments and at the end, so that the machine's own drift shows: within a campaign
+over its time, between two campaigns as a ratio. Their work never scales (every parameter is a
+plain int) and is the same in every campaign. They are declared like workloads, so the payload
+runs them and the oracle checks them, but the catalog keeps them apart (``CALIBRATION``): they
+are not in ``workloads list``, a plan cannot name them, and no result table shows them.
+
+Standard library only: this module runs inside the environment like the workload modules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from workloads.kit import (
+    Check,
+    Declaration,
+    KiB,
+    ModelState,
+    Params,
+    empty_dirs,
+    fsync_path,
+    round_bytes,
+    round_bytes_ahead,
+    sha_file,
+    write_all,
+)
+
+CPU_ITERATIONS = 150_000  # about 20 ms of one core in CPython 3.11 on a 2020s lab machine
+FSYNC_WRITES = 16  # each an fsync: about 20 ms on an SSD-backed ext4
+FSYNC_BLOCK = 4 * KiB
+LCG_MULTIPLIER, LCG_INCREMENT, WORD = 1103515245, 12345, 0xFFFFFFFF
+
+
+def cpu_checksum(k: int, iterations: int) -> int:
+    """The loop of round ``k``: an integer recurrence, interpreted, nothing else."""
+    x = k
+    for i in range(iterations):
+        x = (x * LCG_MULTIPLIER + LCG_INCREMENT + i) & WORD
+    return x
+
+
+def cpu_loop(root: str, seed: int, p: Params, k: int) -> tuple[str, bool]:
+    """A fixed interpreted integer loop on one core; it writes nothing.
+
+    Clock: the loop. After it: nothing to read back (the oracle checks nothing was written).
+    """
+    return f"{cpu_checksum(k, p['iterations']):08x}", True
+
+
+def evolve_cpu_loop(s: ModelState, seed: int, p: Params, rounds: int) -> None:
+    """The workspace stays as the fixture left it."""
+
+
+def _fsync_bytes(seed: int, p: Params, k: int) -> bytes:
+    return round_bytes(seed, "sentinel-fsync", k, p["writes"] * p["block_bytes"])
+
+
+def fsync_loop(root: str, seed: int, p: Params, k: int) -> Check:
+    """Append fixed 4 KiB blocks to one log, an fsync after every block.
+
+    Clock: every write and its fsync (round 1 also the new log's directory fsync). After it:
+    the round's blocks are read back.
+    """
+    data, step = _fsync_bytes(seed, p, k), p["block_bytes"]
+    path = os.path.join(root, "sentinel", "fsync.log")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        for off in range(0, len(data), step):
+            write_all(fd, data[off : off + step])
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    if k == 1:
+        fsync_path(os.path.dirname(path))
+
+    def check() -> tuple[str, bool]:
+        """The log holds every round's blocks so far, in order."""
+        earlier = b"".join(_fsync_bytes(seed, p, j) for j in range(1, k))
+        digest = hashlib.sha256(earlier + data).hexdigest()
+        return digest, sha_file(path) == digest
+
+    return check
+
+
+def evolve_fsync_loop(s: ModelState, seed: int, p: Params, rounds: int) -> None:
+    """After R rounds the log holds rounds 1..R's blocks."""
+    if rounds:
+        s.put(
+            "sentinel/fsync.log", b"".join(_fsync_bytes(seed, p, k) for k in range(1, rounds + 1))
+        )
+
+
+DECLARED = (
+    Declaration(
+        number=1, name="sentinel-cpu", group="calibration", section="calibration",
+        summary=f"an interpreted integer loop of {CPU_ITERATIONS:,} steps on one core",
+        parameters={"iterations": CPU_ITERATIONS},
+        round=cpu_loop, build=empty_dirs("sentinel"), evolve=evolve_cpu_loop,
+        seeded_fixture=False,
+    ),
+    Declaration(
+        number=2, name="sentinel-fsync", group="calibration", section="calibration",
+        summary=f"{FSYNC_WRITES} x (append 4 KiB to a log, fsync)",
+        parameters={"writes": FSYNC_WRITES, "block_bytes": FSYNC_BLOCK},
+        round=fsync_loop, build=empty_dirs("sentinel"), evolve=evolve_fsync_loop,
+        inputs=round_bytes_ahead("sentinel-fsync", lambda p: p["writes"] * p["block_bytes"]),
+        seeded_fixture=False,
+    ),
+)  # fmt: skip
