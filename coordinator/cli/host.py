@@ -9,12 +9,12 @@ import importlib
 
 import click
 
-HOST_COMMAND_MODULES = ("host_keys", "host_docker")
+HOST_COMMAND_MODULES = ("host_keys", "host_docker", "host_clean")
 
 
 @click.group("host")
 def host_group() -> None:
-    """This host: its signing key and its private daemons."""
+    """This host: its signing key, its private daemons and its leftovers."""
 
 
 @click.group("hosts")

@@ -1,0 +1,49 @@
+"""``sandbench host clean``: remove what earlier environments of a work root left behind."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import click
+
+from tasks.errors import SandbenchError
+from tasks.paths import DEFAULT_WORK_ROOT
+
+
+@click.command("clean")
+@click.option(
+    "--work-root",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_WORK_ROOT,
+    show_default=True,
+    help="the work root whose leftovers to remove (a worker's --work-root)",
+)
+@click.option("--json", "as_json", is_flag=True, help="print what was reaped as one JSON object")
+def clean(work_root: Path, as_json: bool) -> None:
+    """Reap leftovers of dead environments: containers, VMs, processes, cgroups, mounts, files.
+
+    Only what this work root owns is touched, and never an environment whose process still
+    runs. Exit status 1 if something could not be removed.
+    """
+    from worker.reaper import reap
+
+    if not work_root.is_dir():
+        raise SandbenchError(
+            f"--work-root {work_root}: no such directory; give a worker's work root"
+        )
+    logging.getLogger("sandbench.reaper").setLevel(logging.CRITICAL)  # the lines below say it all
+    result = reap(work_root)
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), sort_keys=True))
+    else:
+        for line in result.lines():
+            click.echo(line)
+    if result.problems:
+        raise SystemExit(1)
+
+
+def register(host_group: click.Group, hosts_group: click.Group) -> None:
+    """Attach ``clean`` to the ``host`` group (nothing under ``hosts``)."""
+    host_group.add_command(clean)

@@ -1,0 +1,204 @@
+"""The reaper and ``sandbench host clean``: leftovers of dead environments go, live ones stay."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, require, require_binary
+from tests.fleet_helpers import wait_until
+from tests.leftovers import cgroup_dirs, cgroup_pids, env_names, hold, holding_python, leftovers
+from worker import ledger
+from worker.cgroupsv1 import REQUIRED
+from worker.quota import cgroup_mounts, detect
+
+START_BOUND_S = 60  # an environment prepared and holding, from the runner's start
+
+
+def _sandbench(*args: str, env: dict[str, str], **popen: Any) -> subprocess.Popen[str]:
+    """Start ``sandbench ARGS`` as the operator would."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "coordinator", *args], cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen,
+    )  # fmt: skip
+
+
+def _clean(work_root: Path, env: dict[str, str]) -> dict[str, Any]:
+    """``sandbench host clean --work-root W --json``: exit 0 and its JSON."""
+    done = _sandbench("host", "clean", "--work-root", str(work_root), "--json", env=env)
+    out, err = done.communicate(timeout=120)
+    assert done.returncode == 0, out + err
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """The environment of every sandbench process here: a private home, the holding python."""
+    require(os.geteuid() == 0, "root (cgroups and overlay mounts)")
+    home = tmp_path / "home"
+    home.mkdir()
+    python = holding_python(tmp_path)
+    return {**os.environ, "SANDBENCH_HOME": str(home), "SANDBENCH_PYTHON": str(python)}
+
+
+def _staged(work_root: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """A staged environment on ``work_root`` (it holds as ``hold`` says)."""
+    work_root.mkdir(exist_ok=True)
+    return _sandbench(
+        "env", "run", "--mode", "staged", "--workload", "publish", "--scale", "0.02",
+        "--rounds", "1", "--limit-s", "120", "--work-root", str(work_root), "--json", env=env,
+    )  # fmt: skip
+
+
+def _holding(work_root: Path) -> str:
+    """Wait until one environment of ``work_root`` is mounted and runs processes; its name."""
+
+    def ready() -> str | None:
+        names = env_names(work_root)
+        if not names or not (work_root / "envs" / names[0] / "env/stage/merged").is_mount():
+            return None
+        return names[0] if len(cgroup_pids(cgroup_dirs(names[0]))) >= 2 else None
+
+    return wait_until(ready, START_BOUND_S, f"an environment holding in {work_root}")
+
+
+def test_host_clean_reaps_a_killed_staged_environment_and_spares_a_live_one(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """A runner killed mid-environment leaves a mount, cgroups in every v1 hierarchy,
+    processes, a workspace: ``host clean`` removes each, while another work root's live
+    environment (and ``host clean`` of its own root) leaves that one running to a pass."""
+    dead_root, live_root = tmp_path / "work-dead", tmp_path / "work-live"
+    for root, seconds in ((dead_root, 600), (live_root, 15)):
+        root.mkdir()
+        hold(root, seconds)
+    live = _staged(live_root, env)
+    dead = _staged(dead_root, env)
+    dead_name, live_name = _holding(dead_root), _holding(live_root)
+    if detect() == 1:
+        mounts = cgroup_mounts()
+        for controller in REQUIRED:
+            assert (mounts[controller] / "sandbench" / dead_name).is_dir(), controller
+    dead.send_signal(signal.SIGKILL)
+    dead.communicate(timeout=30)
+    before = leftovers(dead_root, dead_name)
+    assert before["processes"] and before["cgroups"] and before["mounts"], before
+
+    spared = _clean(live_root, env)
+    assert spared["reaped"] == [] and spared["skipped"] == [live_name], spared
+    result = _clean(dead_root, env)
+    kinds = [item["kind"] for item in result["reaped"]]
+    assert {"process", "cgroup", "mount", "workspace"} <= set(kinds), result
+    assert kinds.count("cgroup") == len(before["cgroups"]), result
+    assert leftovers(dead_root, dead_name) == {"processes": [], "cgroups": [], "mounts": [],
+                                               "files": []}  # fmt: skip
+    assert result["problems"] == [] and result["skipped"] == []
+    assert live.poll() is None and (live_root / "envs" / live_name / "env/stage/merged").is_mount()
+    out, err = live.communicate(timeout=120)
+    assert live.returncode == 0 and json.loads(out)["outcome"] == "passed", out + err
+    assert _clean(dead_root, env)["reaped"] == []  # nothing left the second time
+
+
+def test_an_entry_whose_creator_lives_is_left_alone_until_it_dies(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """A ledger entry of a live process keeps its mount; once that process is gone, both go."""
+    root = tmp_path / "work"
+    name = "c-reaper-live-abc123"
+    merged = root / "envs" / name / "env" / "stage" / "merged"
+    merged.mkdir(parents=True)
+    creator = subprocess.Popen(["sleep", "300"])
+    try:
+        entry = ledger.Entry(name, f"c/{name}", f"/sandbench/{name}", detect(), creator.pid,
+                             ledger.process_start(creator.pid), 0.0)  # fmt: skip
+        (root / "owned").mkdir()
+        (root / "owned" / f"{name}.json").write_text(json.dumps(entry.__dict__))
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "sbtest", str(merged)], check=True)
+        assert _clean(root, env)["skipped"] == [name] and merged.is_mount()
+    finally:
+        creator.kill()
+        creator.wait()
+    result = _clean(root, env)
+    assert [i["kind"] for i in result["reaped"]] == ["mount", "workspace"], result
+    assert not merged.parent.exists() and not list((root / "owned").iterdir())
+
+
+@pytest.fixture
+def docker_dir() -> Iterator[Path]:
+    """A private dockerd's state directory (short: unix socket paths are limited)."""
+    require_binary("dockerd")
+    from worker.dockerd import Dockerd
+
+    path = Path(tempfile.mkdtemp(prefix="sbrp-", dir="/tmp"))
+    yield path
+    Dockerd(state_dir=path).purge()
+
+
+@pytest.mark.docker
+def test_host_clean_removes_its_labelled_containers_only(
+    tmp_path: Path, env: dict[str, str], docker_dir: Path
+) -> None:
+    """A labelled container bound to this work root's environment is removed; one bound to
+    another work root, and an unlabelled one, stay."""
+    from worker.dockerd import Dockerd
+    from worker.modes.docker import LABEL_KEY, ensure_image, toolset_mounts
+
+    daemon = Dockerd(state_dir=docker_dir)
+    daemon.start()
+    image = ensure_image(daemon)["image"]
+    ours, theirs = tmp_path / "work", tmp_path / "other-work"
+    ids = {}
+    for label, root in (("ours", ours), ("theirs", theirs), (None, ours)):
+        workspace = root / "envs" / f"c-docker-{label}" / "workspace"
+        workspace.mkdir(parents=True, exist_ok=True)
+        labels = [f"--label={LABEL_KEY}=c/{label}"] if label else []
+        ids[label] = daemon.run(
+            "run", "--detach", "--network=none", *labels, *toolset_mounts(),
+            f"--mount=type=bind,src={workspace},dst=/ws", image, "/bin/sleep", "300",
+        ).strip()  # fmt: skip
+    result = _clean(ours, {**env, "SANDBENCH_DOCKER_DIR": str(docker_dir)})
+    reaped = [i for i in result["reaped"] if i["kind"] == "docker-container"]
+    assert len(reaped) == 1 and "c-docker-ours" in reaped[0]["what"], result
+    running = set(daemon.run("ps", "--quiet", "--no-trunc").split())
+    assert ids["ours"] not in running and {ids["theirs"], ids[None]} <= running
+
+
+@pytest.mark.vm
+def test_host_clean_kills_a_qemu_by_its_pid_file(tmp_path: Path, env: dict[str, str]) -> None:
+    """A QEMU whose pid file is in a dead environment is killed; a pid file naming a process
+    that is not that QEMU, and another work root's QEMU, are left alone."""
+    qemu = require_binary("qemu-system-x86_64")
+    ours, theirs = tmp_path / "work", tmp_path / "other-work"
+    procs = {}
+    for root in (ours, theirs):
+        pidfile = root / "envs" / "c-vm-0" / "env" / "qemu.pid"
+        pidfile.parent.mkdir(parents=True)
+        argv = [qemu, "-machine", "none", "-nodefaults", "-display", "none", "-S",
+                "-pidfile", str(pidfile)]  # fmt: skip
+        procs[root] = subprocess.Popen(argv, start_new_session=True)
+        wait_until(pidfile.exists, 30, "QEMU's pid file")
+    bystander = subprocess.Popen(["sleep", "300"])
+    stale = ours / "envs" / "c-vm-1" / "env" / "qemu.pid"
+    stale.parent.mkdir(parents=True)
+    stale.write_text(f"{bystander.pid}\n")  # a pid reused by a process that is not a VM
+    try:
+        result = _clean(ours, env)
+        killed = [i["what"] for i in result["reaped"] if i["kind"] == "process"]
+        assert len(killed) == 1 and "qemu-system-x86_64" in killed[0], result
+        assert procs[ours].wait(timeout=10) == -signal.SIGKILL
+        assert procs[theirs].poll() is None and bystander.poll() is None
+        assert not (ours / "envs").exists() or not list((ours / "envs").iterdir())
+    finally:
+        for proc in (*procs.values(), bystander):
+            proc.kill()
+            proc.wait()
