@@ -1,0 +1,141 @@
+"""The four packages' imports: the contract at the bottom, no upward import, no cycle."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# Bottom to top: a package may import only packages at or below its own layer.
+LAYERS = ("tasks", "workloads", "worker", "coordinator")
+Graph = dict[str, set[str]]
+
+
+def module_files(root: Path = REPO) -> dict[str, Path]:
+    """Every module of the four packages by dotted name (a package by its own name)."""
+    out = {}
+    for package in LAYERS:
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The absolute module an ``from ... import`` names (relative imports resolved)."""
+    if not node.level:
+        return node.module or ""
+    parts = module.split(".") if is_package else module.split(".")[:-1]
+    parts = parts[: len(parts) - (node.level - 1)]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def _imported(tree: ast.AST, module: str, is_package: bool) -> list[str]:
+    """Every dotted name an import statement anywhere in ``tree`` may refer to."""
+    names: list[str] = []
+    for node in ast.walk(tree):  # function-level and TYPE_CHECKING imports count too
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, module, is_package)
+            names += [base] + [f"{base}.{alias.name}" for alias in node.names]
+    return names
+
+
+def import_graph(modules: dict[str, Path]) -> Graph:
+    """Module -> the modules of the four packages it imports."""
+
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: Graph = defaultdict(set)
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for name in _imported(tree, module, path.name == "__init__.py"):
+            target = owner(name) if name.split(".")[0] in LAYERS else None
+            if target is not None and target != module:
+                graph[module].add(target)
+    return graph
+
+
+def upward_imports(graph: Graph) -> list[str]:
+    """Imports from a package into one above it (``tasks`` importing ``worker``, ...)."""
+    layer = {package: i for i, package in enumerate(LAYERS)}
+    return [
+        f"{a} imports {b}"
+        for a, targets in sorted(graph.items())
+        for b in sorted(targets)
+        if layer[b.split(".")[0]] > layer[a.split(".")[0]]
+    ]
+
+
+def cycles(graph: Graph) -> list[list[str]]:
+    """Strongly connected sets of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = [stack.pop()]
+            while component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(set(graph) | {w for ws in graph.values() for w in ws}):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_package_imports_one_above_it() -> None:
+    """tasks/ imports nothing of the other three, workloads/ nothing of worker/ or coordinator/."""
+    graph = import_graph(module_files())
+    assert graph, "the import walk found no imports at all"
+    assert upward_imports(graph) == []
+
+
+def test_the_four_packages_have_no_import_cycle() -> None:
+    """No set of modules imports itself round, however indirectly."""
+    assert cycles(import_graph(module_files())) == []
+
+
+@pytest.mark.parametrize(
+    ("files", "upward", "cycle"),
+    [
+        ({"tasks/a.py": "from worker import b\n", "worker/b.py": ""},
+         ["tasks.a imports worker", "tasks.a imports worker.b"], []),
+        ({"worker/a.py": "from . import b\n", "worker/b.py": "def f():\n    import worker.a\n"},
+         [], [["worker.a", "worker.b"]]),
+        ({"coordinator/a.py": "import tasks.b\n", "tasks/b.py": ""}, [], []),
+    ],
+)  # fmt: skip
+def test_the_walk_sees_upward_imports_and_cycles(
+    tmp_path: Path, files: dict[str, str], upward: list[str], cycle: list[list[str]]
+) -> None:
+    """The checker flags an upward import and a cycle hidden in a function, and only those."""
+    for package in LAYERS:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    graph = import_graph(module_files(tmp_path))
+    assert upward_imports(graph) == upward
+    assert cycles(graph) == cycle
