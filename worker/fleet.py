@@ -37,6 +37,7 @@ from tasks.errors import FleetError
 from tasks.records import EnvironmentSpec
 from tasks.signing import HostKey, canonical_json, default_key_path
 from worker.gate import HostState, Span, admit, rule_applies, run_planned
+from worker.reaper import reap_if_left
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,7 @@ def execute(client: redis.Redis, spec: EnvironmentSpec, sent_at: float | None) -
 
     with _Heartbeat(client, spec.key()):
         record = run_planned(spec, host, RedisFailures(client), annotate=fleet_fields)
+    reap_if_left(host.work_root)  # a cleanup that failed: its leftovers go before the next one
     if record is None:
         raise FleetError(f"environment {spec.key()} was stopped before it finished")
     return record.to_json_dict()

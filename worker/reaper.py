@@ -118,6 +118,15 @@ def reap(work_root: Path, engines: list[tuple[str, Engine]] | None = None) -> Re
     return result
 
 
+def reap_if_left(work_root: Path) -> Reaped | None:
+    """Reap ``work_root`` if an environment's cleanup left its ledger entry (else None, at once)."""
+    if all(entry.live() for entry in ledger.entries(work_root).values()):
+        return None
+    result = reap(work_root)
+    log.warning("%s", result.lines()[-1])
+    return result
+
+
 def reap_environment(
     work_root: Path, name: str, entry: ledger.Entry | None, result: Reaped
 ) -> None:

@@ -13,6 +13,7 @@ import click
 
 from tasks.errors import FleetError
 from tasks.names import check_name
+from tasks.paths import DEFAULT_WORK_ROOT
 
 BROKER_HELP = (
     "broker URL without a password (default: $SANDBENCH_BROKER, else redis://127.0.0.1:6379/0)"
@@ -87,6 +88,7 @@ def worker_cmd(host: str, broker: str | None, work_root: Path | None, loglevel: 
     from tasks.app import host_queue
     from tasks.signing import HostKey, default_key_path
     from worker.fleet import HOST_ENV, WORK_ROOT_ENV, register_tasks
+    from worker.presence import add_presence
 
     key = HostKey.load_or_create(default_key_path(), name=check_name(host, "--host"))
     click.echo(
@@ -97,8 +99,10 @@ def worker_cmd(host: str, broker: str | None, work_root: Path | None, loglevel: 
     if work_root is not None:
         work_root.mkdir(parents=True, exist_ok=True)
         os.environ[WORK_ROOT_ENV] = str(work_root.resolve())
+    _reap_at_start(work_root or DEFAULT_WORK_ROOT)
     app = _app(broker)
     register_tasks(app)
+    add_presence(app, host)
     app.worker_main(
         [
             "worker",
@@ -116,6 +120,16 @@ def worker_cmd(host: str, broker: str | None, work_root: Path | None, loglevel: 
             f"--loglevel={loglevel}",
         ]
     )
+
+
+def _reap_at_start(work_root: Path) -> None:
+    """Before the first message: remove what earlier runs on this work root left (each logged)."""
+    from worker.reaper import reap
+
+    if not work_root.is_dir():
+        return
+    for line in reap(work_root).lines():
+        click.echo(f"reaper: {line}", err=True)
 
 
 @click.command("coordinator")
