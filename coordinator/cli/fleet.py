@@ -88,8 +88,10 @@ def worker_cmd(host: str, broker: str | None, work_root: Path | None, loglevel: 
     from tasks.app import host_queue
     from tasks.signing import HostKey, default_key_path
     from worker.fleet import HOST_ENV, WORK_ROOT_ENV, register_tasks
+    from worker.hostcheck import require_quota
     from worker.presence import add_presence
 
+    require_quota()  # a quota this host cannot apply: refuse now, naming the check and its fix
     key = HostKey.load_or_create(default_key_path(), name=check_name(host, "--host"))
     click.echo(
         f"host {host}: key {key.key_id} (register: sandbench hosts add {host} {key.public_b64()})",

@@ -9,7 +9,7 @@ import importlib
 
 import click
 
-HOST_COMMAND_MODULES = ("host_keys", "host_docker", "host_clean")
+HOST_COMMAND_MODULES = ("host_keys", "host_docker", "host_clean", "host_check")
 
 
 @click.group("host")

@@ -1,0 +1,52 @@
+"""``sandbench host check [--json]``: every requirement of this lab host, ok or failed with its fix.
+
+Exit status 0 when every line is ok, 1 when one fails (the lines say what to do).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from tasks.paths import DEFAULT_WORK_ROOT
+from worker.hostcheck import Check
+from worker.hostcheck_tools import run_checks
+
+FAILED_STATUS = 1
+NAME_WIDTH = 16
+
+
+@click.command("check")
+@click.option("--json", "as_json", is_flag=True, help="Print the lines as one JSON object.")
+@click.option(
+    "--work-root", type=click.Path(path_type=Path), default=DEFAULT_WORK_ROOT, show_default=True,
+    help="where environments will run (disk space and overlayfs are checked there)",
+)  # fmt: skip
+def check(as_json: bool, work_root: Path) -> None:
+    """Check this host: cgroups and the quota, sandboxes, overlayfs, dockerd, KVM, disk, key."""
+    lines = run_checks(work_root=work_root)
+    bad = [line.name for line in lines if not line.ok]
+    if as_json:
+        doc = {"ok": not bad, "failed": bad, "checks": [line.as_dict() for line in lines]}
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        for line in lines:
+            click.echo(_text(line))
+        verdict = f"{len(bad)} failed ({', '.join(bad)})" if bad else "all passed"
+        click.echo(f"host check: {len(lines) - len(bad)} ok, {verdict}")
+    if bad:
+        sys.exit(FAILED_STATUS)
+
+
+def _text(line: Check) -> str:
+    """One line of the report, and its fix on the next when it failed."""
+    head = f"{'ok' if line.ok else 'FAIL':<5} {line.name:<{NAME_WIDTH}} {line.detail}"
+    return head if line.ok else f"{head}\n{'':<{NAME_WIDTH + 6}}fix: {line.fix}"
+
+
+def register(host_group: click.Group, hosts_group: click.Group) -> None:
+    """Attach ``check`` to the ``host`` group (nothing under ``hosts``)."""
+    host_group.add_command(check)
