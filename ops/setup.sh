@@ -12,6 +12,7 @@ say() { printf '\n==> %s\n' "$*"; }
 APT_PACKAGES=(
   python3 python3-venv git gcc make          # the toolset every mode runs (payload, workloads)
   bubblewrap util-linux iproute2 e2fsprogs   # host mode, namespaces, ext4 images
+  btrfs-progs                                # reflink workspaces on a loop-mounted Btrfs (tests)
   redis-server                               # fleet broker (tests start their own)
   docker.io                                  # docker mode (sandbench starts a private dockerd)
   podman conmon runc crun                    # podman mode (private store; runc or crun per host)

@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from workloads.fixtures import PLAIN_COPY, REFLINK, reflink_works
+
 TOOL_TIMEOUT_S = 10
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -47,6 +49,16 @@ def filesystem_of(path: Path) -> dict[str, str]:
             fstype, source = (right.split() + ["", ""])[:2]
             best = {"mount_point": mount_point, "type": fstype, "source": source}
     return best
+
+
+def workspace_copy(work_root: Path) -> str:
+    """How workspaces are copied from fixtures in ``work_root``: ``reflink`` or ``copy``."""
+    if not Path(work_root).is_dir():
+        return "unknown (the work root does not exist yet)"
+    try:
+        return REFLINK if reflink_works(Path(work_root)) else PLAIN_COPY
+    except OSError as exc:  # a read-only or full work root: the environments will say more
+        return f"unknown ({exc.strerror})"
 
 
 def cgroup_version() -> str:
@@ -92,6 +104,7 @@ def host_facts(work_root: Path, tools: dict[str, list[str]]) -> dict[str, Any]:
         "os": _os_release(),
         "work_root": str(work_root),
         "work_root_fs": filesystem_of(work_root),
+        "workspace_copy": workspace_copy(work_root),
         "cgroup": cgroup_version(),
         "accelerator": accelerator(),
         "tools": tool_versions(tools),

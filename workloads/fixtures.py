@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -20,6 +21,9 @@ from workloads.kit import Declaration, Params, PayloadError
 FIXTURE_VERSION = 1
 DEFAULT_CACHE = DEFAULT_WORK_ROOT / "fixtures" / f"v{FIXTURE_VERSION}"
 CACHE_ENV = "SANDBENCH_FIXTURE_CACHE"
+FICLONE = 0x40049409  # linux/fs.h _IOW(0x94, 9, int): clone a whole file's extents
+REFLINK, PLAIN_COPY = "reflink", "copy"
+_CLONES: dict[int, bool] = {}  # st_dev -> whether FICLONE works there
 
 
 def default_cache() -> Path:
@@ -74,8 +78,31 @@ def ensure_fixture(name: str, seed: int, scale: float, cache_root: Path) -> Path
     return target
 
 
-def copy_fixture(src: Path, dest: Path) -> None:
-    """Copy the fixture tree ``src`` to the new path ``dest``: symlinks, modes, times, holes."""
+def reflink_works(directory: Path) -> bool:
+    """Whether files in ``directory`` can be cloned (Btrfs, XFS): a copy then shares extents."""
+    dev = os.stat(directory).st_dev
+    if dev not in _CLONES:
+        with (
+            tempfile.TemporaryFile(dir=directory) as src,
+            tempfile.TemporaryFile(dir=directory) as dst,
+        ):
+            src.write(b"\0" * 4096)
+            src.flush()
+            try:
+                fcntl.ioctl(dst.fileno(), FICLONE, src.fileno())
+                _CLONES[dev] = True
+            except OSError:  # EOPNOTSUPP on ext4, tmpfs; EXDEV cannot happen in one directory
+                _CLONES[dev] = False
+    return _CLONES[dev]
+
+
+def copy_fixture(src: Path, dest: Path) -> str:
+    """Copy the fixture tree ``src`` to the new path ``dest``; how (``reflink`` or ``copy``).
+
+    A reflink copy is still a fresh workspace: the fixture never changes, and a write to the
+    workspace unshares only the extents it touches. Where the file system cannot clone, ``cp``
+    copies the bytes (``--reflink=auto``). Symlinks, modes, times and holes are kept.
+    """
     if dest.exists():
         raise WorkloadError(f"copy_fixture: {dest} exists; give a fresh workspace path")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -83,6 +110,8 @@ def copy_fixture(src: Path, dest: Path) -> None:
     r = subprocess.run(argv, capture_output=True, text=True, check=False)
     if r.returncode != 0:
         raise WorkloadError(f"copy_fixture {src} -> {dest} failed: {r.stderr.strip()}")
+    same_fs = os.stat(src).st_dev == os.stat(dest.parent).st_dev
+    return REFLINK if same_fs and reflink_works(dest.parent) else PLAIN_COPY
 
 
 def tree_digest(root: Path, ignore: Iterable[str] = ()) -> str:
