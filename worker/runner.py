@@ -177,7 +177,7 @@ class _Run:
             env_dir.mkdir(parents=True)
             fixtures = self.work_root / "fixtures"
             fixture = ensure_fixture(spec.workload, spec.seed, spec.scale, fixtures)
-            copy_fixture(fixture, workspace)
+            self.fields["provenance"]["workspace_copy"] = copy_fixture(fixture, workspace)
             self.fixture = fixture
         except SandbenchError:  # bad input (a scale the workload refuses): not a result
             raise
