@@ -116,3 +116,15 @@ def test_environment_quota_caps_cpu(root: Path) -> None:
     record = run(root, template=BUSY_THEN_PAYLOAD, quota=Quota(cpus="0", cpu_quota=0.5))
     assert record.outcome == "passed", record.detail
     assert record.cpu_s is not None and 0.2 < record.cpu_s <= 0.5 * 2.0 * 1.1 + 0.2
+
+
+def test_phases_account_for_the_environments_wall_time(root: Path) -> None:
+    """Preparation, drive, oracle and cleanup are timed apart and add up to the wall time."""
+    record = run(root, "copy-tree")
+    phases = record.model_extra["phases"] if record.model_extra else {}
+    assert set(phases) == {"prepare_s", "drive_s", "oracle_s", "cleanup_s"}
+    assert all(seconds > 0 for seconds in phases.values()), phases
+    measured = (record.ready_ms or 0) / 1000 + sum(r.task_s for r in record.rounds)
+    assert phases["drive_s"] > measured  # the drive also holds the checks and the exit
+    assert record.wall_s is not None
+    assert 0.9 * record.wall_s < sum(phases.values()) <= record.wall_s

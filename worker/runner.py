@@ -30,6 +30,7 @@ import datetime as dt
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,32 +46,23 @@ from worker.channel import (
     ChannelTimeout,
     Message,
 )
+from worker.failure import LAUNCH_FAILURE_CODES, Failed, Stopped, os_reason, real_cause
 from worker.modes import EnvContext, HostInfo, Mode, Preflight, get_mode
 from worker.modes.base import PAYLOAD_PYTHON, cgroup_overhead, mode_oom_killed
 from worker.modes.staged import snapshot, snapshot_diff, syncfs
 from worker.procs import close_pipes, kill_process, spawn_marked
 from worker.workroot import remove_tree
 
-LAUNCH_FAILURE_CODES = (126, 127)  # the shell's "cannot execute" and "not found"
-ENOSPC_MARKERS = ("No space left on device", "ENOSPC", "[Errno 28]")
 STDERR_TAIL_BYTES = 1500
 EXIT_POLL_S = 0.05
 DIED_WAIT_S = 1.0  # after the channel closes, how long to wait for the exit status
 STDERR_FILE = "launcher.stderr"
+# Where an environment's wall time goes (the record's ``phases``): preparation (workspace copy,
+# cgroup, the mode's container or guest), drive (marker to exit: Ready, rounds, their checks),
+# the oracle, cleanup. The campaign's split of its wall time adds these up.
+PHASES = ("prepare", "drive", "oracle", "cleanup")
 
 _PREFLIGHTS: dict[tuple[str, str], Preflight] = {}
-
-
-class Failed(Exception):
-    """The environment failed with ``reason`` (a key of ``REASONS``); internal to the runner."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail = reason, detail
-
-
-class Stopped(Exception):
-    """The caller's stop event was set; internal to the runner."""
 
 
 def run_environment(
@@ -98,8 +90,10 @@ def run_environment(
     except Stopped:
         return None
     finally:
-        run.cleanup()
+        with run.timed("cleanup"):
+            run.cleanup()
         run.fields["wall_s"] = time.monotonic() - started  # the whole environment's cost
+        run.fields["phases"] = {f"{name}_s": round(s, 6) for name, s in run.phases.items()}
     return run.record(failure)
 
 
@@ -142,6 +136,7 @@ class _Run:
         self.prepared = False
         self.fixture: Path | None = None
         self.problems: list[str] = []  # cleanup trouble, noted in the provenance
+        self.phases: dict[str, float] = dict.fromkeys(PHASES, 0.0)  # where the wall time went
 
     # -- the protocol ---------------------------------------------------------------------
     def execute(self, workload: Any) -> Failed | None:
@@ -150,12 +145,15 @@ class _Run:
         self.fields["provenance"] = self._provenance(self.preflight)
         try:
             self._check_stop()
-            self._prepare()
-            self._launch_and_drive()
+            with self.timed("prepare"):
+                self._prepare()
+            with self.timed("drive"):
+                self._launch_and_drive()
             self._account()
             if self.fields.get("oom"):  # the quota was exceeded, even if the task recovered
                 raise Failed("oom", "a process of the environment was OOM-killed")
-            self._check_result(workload)
+            with self.timed("oracle"):
+                self._check_result(workload)
         except Failed as failure:
             self._account()
             if failure.reason not in ("oracle-mismatch", "workspace-modified"):
@@ -182,7 +180,7 @@ class _Run:
         except SandbenchError:  # bad input (a scale the workload refuses): not a result
             raise
         except Exception as exc:  # a full disk, a tool that failed while building the fixture
-            raise Failed(_os_reason(exc), f"preparing the workspace: {exc}") from exc
+            raise Failed(os_reason(exc), f"preparing the workspace: {exc}") from exc
         quota = spec.quota
         if overhead := cgroup_overhead(self.mode):  # room for the mode's client beside the quota
             quota = quota.model_copy(update={"memory_bytes": quota.memory_bytes + overhead})
@@ -194,13 +192,13 @@ class _Run:
             self.prepared = True
             self.mode.prepare(self.env)
         except Exception as exc:  # a mode's preparation failing is a startup failure
-            raise Failed(_os_reason(exc), f"mode preparation: {exc}") from exc
+            raise Failed(os_reason(exc), f"mode preparation: {exc}") from exc
         if self.mode.staged:
             self.original = snapshot(workspace)
         try:  # the copies' dirty pages and metadata must not be flushed inside round 1's clock
             syncfs(self.base)
         except OSError as exc:
-            raise Failed(_os_reason(exc), f"syncing the prepared environment: {exc}") from exc
+            raise Failed(os_reason(exc), f"syncing the prepared environment: {exc}") from exc
 
     def _launch_and_drive(self) -> None:
         """Marker, spawn, Ready, rounds, exit, all within the limit from the marker."""
@@ -258,7 +256,7 @@ class _Run:
         except Exception as exc:  # the mode's synchronization is part of the round
             if time.monotonic_ns() >= deadline:  # it ran out of the environment's time
                 raise Failed("timeout", f"{self._limit()} reached in round {k}'s sync") from exc
-            raise Failed(_os_reason(exc, "round-error"), f"round {k} sync: {exc}") from exc
+            raise Failed(os_reason(exc, "round-error"), f"round {k} sync: {exc}") from exc
         task_s = (time.monotonic_ns() - start) / 1e9
         checked = self._check(channel, k, deadline)  # the clock has stopped: validation
         validated = checked.body.get("validated") is True
@@ -384,12 +382,7 @@ class _Run:
 
     def _classify(self, failure: Failed) -> Failed:
         """The real cause: an OOM kill or a full disk outranks the symptom it produced."""
-        if self.fields.get("oom"):
-            return Failed("oom", f"OOM kill in the environment's cgroup ({failure.detail})")
-        text = failure.detail + self._stderr()
-        if failure.reason != "timeout" and any(m in text for m in ENOSPC_MARKERS):
-            return Failed("no-space", failure.detail)
-        return failure
+        return real_cause(failure, bool(self.fields.get("oom")), self._stderr())
 
     def record(self, failure: Failed | None) -> EnvironmentRecord:
         """The record of this environment."""
@@ -403,6 +396,15 @@ class _Run:
         return EnvironmentRecord.from_spec(self.spec, **fields)
 
     # -- helpers ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the wall time of the block to ``phase`` (see ``PHASES``)."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[phase] += time.monotonic() - start
+
     def _provenance(self, preflight: Preflight) -> dict[str, Any]:
         """Per-environment facts: the mode's preflight, the cgroup version, the payload."""
         return {
@@ -481,13 +483,6 @@ class _Run:
                 ledger.release(self.work_root, self.base.name)
         if problems:
             self.fields.setdefault("provenance", {})["cleanup"] = problems
-
-
-def _os_reason(exc: BaseException, default: str = "launcher-error") -> str:
-    """no-space for a full disk, ``default`` otherwise."""
-    if isinstance(exc, OSError) and exc.errno == 28 or any(m in str(exc) for m in ENOSPC_MARKERS):
-        return "no-space"
-    return default
 
 
 def _text(value: Any) -> str | None:
