@@ -5,6 +5,11 @@ fleet (``/api/task/apply``, ``async-apply``, ``send-task``, ``abort``, ``revoke`
 ``rate-limit`` and the worker controls: shutdown, pool restart/grow/shrink/autoscale, queue
 consumers) answers 403 and the pages hide their buttons. Whoever holds Flower's password can
 watch the fleet, never run or stop anything on it.
+
+Outcomes: every ``run_environment`` task ends SUCCESS, also for an environment that failed its
+measurement; its result text says what happened (``worker.fleet.outcome_text``), so the task
+list shows each environment's outcome and reason, and ``FAILED_FILTER`` finds the failed ones.
+Flower is a view: the signed records in the store are the results.
 """
 
 from __future__ import annotations
@@ -12,12 +17,17 @@ from __future__ import annotations
 import os
 
 from tasks.errors import FleetError
+from worker.fleet import OUTCOME_TAG
 
 AUTH_ENVS = ("SANDBENCH_FLOWER_AUTH", "FLOWER_BASIC_AUTH")
 # The task list shows what a user watches for: the environment (host mode/workload #i, in
-# args), its outcome and reason (the result text starts with the outcome), and the task id
-# that ``sandbench rerun`` takes.
-TASK_COLUMNS = ("name", "uuid", "args", "result", "state", "received", "runtime", "worker")
+# args), its outcome and reason (the result text starts with the outcome, e.g.
+# ``outcome:failed task/nonzero-exit: ...``), and, last, the task id ``sandbench rerun`` takes.
+TASK_COLUMNS = ("name", "args", "result", "state", "received", "runtime", "worker", "uuid")
+# Typed into the task page's search box, this leaves every failed measurement (and nothing else):
+# the task's state is SUCCESS whatever the outcome (a failed measurement is a record, not an
+# exception), so Flower's own "Failed" filter shows only tasks that raised (a refused spec).
+FAILED_FILTER = f"{OUTCOME_TAG}failed"
 READ_ONLY_OPTION = "read_only"
 
 

@@ -43,7 +43,10 @@ log = logging.getLogger(__name__)
 
 HOST_ENV = "SANDBENCH_HOST"  # set by ``sandbench worker --host``
 WORK_ROOT_ENV = "SANDBENCH_WORK_ROOT"  # set by ``sandbench worker --work-root``
-SUMMARY_FIELDS = ("host", "mode", "workload", "env_index", "attempt", "outcome", "reason")
+# The task's result (what Flower lists) starts with this tag and the outcome, so Flower's task
+# search box finds every failed measurement with one filter: ``outcome:failed``.
+OUTCOME_TAG = "outcome:"
+DETAIL_CHARS = 160  # of a failure's detail in the result text (the record keeps it all)
 
 _CLIENTS: dict[tuple[int, str], redis.Redis] = {}
 _HOSTS: dict[tuple[str, str], HostState] = {}
@@ -169,6 +172,31 @@ def execute(client: redis.Redis, spec: EnvironmentSpec, sent_at: float | None) -
     return record.to_json_dict()
 
 
+def outcome_text(record: dict[str, Any]) -> str:
+    """The task's result as Flower lists it beside its arguments (host mode/workload #i), e.g.
+    ``outcome:failed task/nonzero-exit: launcher exited with status 3``.
+
+    A view of the signed record, never the record: the store keeps that.
+    """
+
+    def clean(text: object) -> str:  # free text never carries the tag: the filter stays exact
+        return " ".join(str(text).split()).replace(OUTCOME_TAG, "outcome ")
+
+    outcome, reason = record["outcome"], clean(record.get("reason") or "")
+    text = f"{OUTCOME_TAG}{outcome}"
+    if outcome == "failed":
+        text += f" {record.get('failure_class')}/{reason}"
+    elif outcome == "not-run":
+        text += f" {reason}"
+    text += " (sentinel)" if record.get("kind") == "sentinel" else ""
+    if outcome == "failed" and record.get("detail"):
+        text += f": {clean(record['detail'])[:DETAIL_CHARS]}"
+    elif outcome == "passed":
+        task_s = sum(r["task_s"] for r in record.get("rounds") or [])
+        text += f": task time {task_s * 1000:.1f} ms, Ready {record.get('ready_ms') or 0:.1f} ms"
+    return text
+
+
 def provenance_envelope(spec: EnvironmentSpec, host: HostState) -> dict[str, Any]:
     """This host's provenance for ``spec``'s campaign, signed with the host key."""
     from worker.provenance import collect
@@ -212,8 +240,8 @@ def register_tasks(app: Celery) -> None:
         known = len(host_state(planned).verdicts)
         record = execute(client, planned, sent_at)
         if "duplicate" in record:
-            return record
+            return f"duplicate delivery of {record['duplicate']}: already handed over"
         hand_over(self.app, client, planned, record)
         new_verdict = len(host_state(planned).verdicts) > known
         send_provenance(self.app, client, planned, new_verdict)
-        return {k: record[k] for k in SUMMARY_FIELDS}
+        return outcome_text(record)
