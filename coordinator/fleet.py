@@ -23,6 +23,7 @@ from celery import Celery, Task
 from cryptography.exceptions import InvalidSignature
 from pydantic import ValidationError
 
+from coordinator.leases import Leases
 from coordinator.progress import (
     LOST_FILE,
     HostProgress,
@@ -55,6 +56,7 @@ REJECTED_KEY = "sandbench:rejected:{campaign}"  # list of JSON {key, host, reaso
 STORED_AT_KEY = "sandbench:stored-at:{campaign}"  # hash env key -> wall time the store took it
 FINALIZED_KEY = "sandbench:finalized:{campaign}"  # hash host -> fingerprint at finalization
 FINALIZE_QUEUED_KEY = "sandbench:finalize-queued:{campaign}"  # hash host -> fingerprint
+DUPLICATES_KEY = "sandbench:duplicates:{campaign}"  # hash host -> records dropped as duplicates
 SWEEP_INTERVAL_S = 2.0
 # A started environment whose worker stopped beating is recorded lost only after its message
 # had time to come back (visibility timeout) and run again; this is extra grace on top.
@@ -81,6 +83,7 @@ class Coordinator:
 
     def __init__(self, store: Store, registry: HostRegistry, client: redis.Redis, app: Celery):
         self.store, self.registry, self.client, self.app = store, registry, client, app
+        self.leases = Leases(client, self.requeue, self.mark_lost)
 
     @classmethod
     def from_env(cls, app: Celery) -> Coordinator:
@@ -110,8 +113,9 @@ class Coordinator:
             return self.reject(data, str(exc).splitlines()[0])
         added = self.store.append_record(record)
         self.client.hset(STORED_AT_KEY.format(campaign=record.campaign), record.key(), time.time())
-        if not added:
+        if not added:  # the first record stored for a key wins; a later one is counted
             log.info("duplicate record %s dropped (already stored)", record.key())
+            self.client.hincrby(DUPLICATES_KEY.format(campaign=record.campaign), record.host, 1)
         self.maybe_finalize(record.campaign, record.host)
         return {"key": record.key(), "stored": added}
 
@@ -204,8 +208,14 @@ class Coordinator:
             f.write(line + "\n")
         log.warning("environment %s lost: %s", spec.key(), reason)
 
+    def requeue(self, spec: EnvironmentSpec) -> None:
+        """Queue ``spec`` again exactly as planned (same key, attempt and task id)."""
+        from coordinator.dispatch import send_specs
+
+        send_specs(self.app, [spec])
+
     def sweep(self) -> None:
-        """One pass over the active campaigns: record lost runs, finalize what is complete."""
+        """One pass over the active campaigns: lost runs, expired leases, finalize what is done."""
         now = time.time()
         for campaign in sorted(str(c) for c in self.client.smembers(ACTIVE_CAMPAIGNS_KEY)):
             try:
@@ -216,6 +226,7 @@ class Coordinator:
                 progress = host_progress(self.store, campaign, host)
                 for spec in self.lost_runs(progress, now):
                     self.mark_lost(campaign, host, spec, LOST_REASON)
+                self.leases.sweep(campaign, progress, now)
                 self.maybe_finalize(campaign, host)
 
     def watch(self, stop: threading.Event) -> None:

@@ -8,10 +8,13 @@ from typing import Any
 
 import redis
 
-from coordinator.fleet import FINALIZED_KEY, REJECTED_KEY
+from coordinator.fleet import DUPLICATES_KEY, FINALIZED_KEY, REJECTED_KEY
+from coordinator.leases import requeued_count
 from coordinator.progress import HostProgress, host_progress
 from coordinator.store import Store
 from tasks.broker import ALIVE_KEY
+
+LOST_PREFIX = "lost: "  # every lost mark's reason starts so (coordinator.fleet, coordinator.leases)
 
 
 @dataclass
@@ -26,6 +29,8 @@ class HostStatus:
     left: int
     finalized: bool
     failures: list[dict[str, Any]] = field(default_factory=list)
+    requeued: int = 0  # queued but never started, then queued again (coordinator.leases)
+    duplicates: int = 0  # records that arrived again for a stored key and were dropped
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form for ``--json``."""
@@ -38,6 +43,8 @@ class HostStatus:
             "left": self.left,
             "finalized": self.finalized,
             "failures": self.failures,
+            "requeued": self.requeued,
+            "duplicates": self.duplicates,
         }
 
 
@@ -76,10 +83,13 @@ def host_status(store: Store, client: redis.Redis | None, campaign: str, host: s
     missing = progress.missing()
     running: list[str] = []
     finalized = False
+    requeued = duplicates = 0
     if client is not None:
         running = [s.key() for s in missing if client.exists(ALIVE_KEY.format(key=s.key()))]
         done = client.hget(FINALIZED_KEY.format(campaign=campaign), host)
         finalized = done == progress.fingerprint() and progress.complete()
+        requeued = requeued_count(client, campaign, host)
+        duplicates = int(client.hget(DUPLICATES_KEY.format(campaign=campaign), host) or 0)
     return HostStatus(
         host=host,
         planned=len(progress.planned),
@@ -89,6 +99,8 @@ def host_status(store: Store, client: redis.Redis | None, campaign: str, host: s
         left=len(missing),
         finalized=finalized,
         failures=_failures(progress),
+        requeued=requeued,
+        duplicates=duplicates,
     )
 
 
@@ -116,9 +128,17 @@ def format_status(status: dict[str, Any]) -> str:
             f"{o.get('failed', 0)} failed, {o.get('not-run', 0)} not run, {h['lost']} lost, "
             f"{len(h['running'])} running, {state}"
         )
+        if h.get("requeued") or h.get("duplicates"):
+            lines.append(
+                f"    {h.get('requeued', 0)} queued again (never started), "
+                f"{h.get('duplicates', 0)} duplicate records dropped"
+            )
         for f in h["failures"]:
             mark = " (superseded)" if f["superseded"] else ""
-            lines.append(f"    failed {f['key']}: {f['reason']} task {f['task_id']}{mark}")
+            verb, reason = "failed", str(f["reason"])
+            if reason.startswith(LOST_PREFIX):
+                verb, reason = "lost", reason.removeprefix(LOST_PREFIX)
+            lines.append(f"    {verb} {f['key']}: {reason} task {f['task_id']}{mark}")
     if status["rejected"]:
         lines.append(f"  rejected records: {status['rejected']} (see the coordinator's log)")
     return "\n".join(lines)

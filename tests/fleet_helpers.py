@@ -30,6 +30,7 @@ REDIS_PASSWORD = "fleet-test-secret"
 VISIBILITY_TIMEOUT_S = 6
 RESTORE_INTERVAL_S = 1
 LOST_GRACE_S = 4
+LEASE_SLACK_S = 3  # a queued environment never started: queued again after limit_s + this
 STOP_TIMEOUT_S = 15
 # The fsync policy of the lab's Redis (ops/redis.conf); benchmarks use it.
 OPS_APPENDFSYNC = next(
@@ -214,6 +215,7 @@ class Proc:
 
     def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.argv, self.log = argv, log
+        self.offset = log.stat().st_size if log.exists() else 0  # a restart appends to the log
         with open(log, "ab") as out:
             self.popen = subprocess.Popen(
                 argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
@@ -244,6 +246,10 @@ class Proc:
     def text(self) -> str:
         """Everything the process logged so far."""
         return self.log.read_text(errors="replace")
+
+    def own_text(self) -> str:
+        """What this process logged (not an earlier process of the same log)."""
+        return self.log.read_bytes()[self.offset :].decode(errors="replace")
 
 
 @dataclass
@@ -281,7 +287,7 @@ class Fleet:
             if host.netns:
                 host.netns.create()
         binds = [h.netns.host_address for h in self.hosts.values() if h.netns]
-        self.redis = RedisServer(root / "redis", binds, tls=tls)
+        self.redis = RedisServer(root / "redis", binds, appendfsync=OPS_APPENDFSYNC, tls=tls)
         self.procs: list[Proc] = []
         self.workers: dict[str, Proc] = {}
         self.coordinator: Proc | None = None
@@ -301,7 +307,7 @@ class Fleet:
             SANDBENCH_HOME=str(home), SANDBENCH_BROKER=broker, PYTHONUNBUFFERED="1",
             SANDBENCH_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT_S),
             SANDBENCH_RESTORE_INTERVAL=str(RESTORE_INTERVAL_S),
-            SANDBENCH_LOST_GRACE=str(LOST_GRACE_S),
+            SANDBENCH_LOST_GRACE=str(LOST_GRACE_S), SANDBENCH_LEASE_SLACK=str(LEASE_SLACK_S),
         )  # fmt: skip
         return env
 
@@ -321,7 +327,7 @@ class Fleet:
             argv = ["nsenter", f"--net=/run/netns/{host.netns.name}", "--", *argv]
         proc = self.spawn(argv, self.env(host.home, self.redis.url(address)), f"worker-{name}")
         self.workers[name] = proc
-        wait_until(lambda: " ready." in proc.text() or not proc.alive(), 60, f"{name} ready")
+        wait_until(lambda: " ready." in proc.own_text() or not proc.alive(), 60, f"{name} ready")
         assert proc.alive(), proc.text()
         return proc
 
@@ -330,7 +336,8 @@ class Fleet:
         argv = [PYTHON, "-m", "coordinator", "coordinator", "--data", str(self.data)]
         proc = self.spawn(argv, self.env(self.coordinator_home, self.redis.url()), "coordinator")
         self.coordinator = proc
-        wait_until(lambda: " ready." in proc.text() or not proc.alive(), 60, "coordinator ready")
+        ready = lambda: " ready." in proc.own_text() or not proc.alive()  # noqa: E731
+        wait_until(ready, 60, "coordinator ready")
         assert proc.alive(), proc.text()
         return proc
 

@@ -1,4 +1,6 @@
-"""Fleet repairs and faults: rerun by task id, kill -9 of a worker, redis restart, coordinator."""
+"""Fleet repairs and faults: rerun by task id, kill -9 of a worker (its leftovers reaped), redis
+restart, coordinator kill -9, a queued message that vanished, a partitioned host, duplicate
+delivery, a full work-root disk."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from coordinator.store import Store
@@ -23,6 +26,17 @@ from tests.fleet_helpers import (
     wait_until,
     write_plan,
 )
+from tests.leftovers import (
+    cgroup_dirs,
+    cgroup_pids,
+    env_names,
+    hold,
+    holding_python,
+    leftovers,
+    mounts_under,
+)
+from worker.cgroupsv1 import CONTROLLERS
+from worker.quota import cgroup_mounts, detect
 
 pytestmark = pytest.mark.fleet
 __all__ = ["make_fleet"]  # the fixture, re-used from test_fleet
@@ -32,6 +46,9 @@ FAULT_BOUND_S = 120
 # A worker that never comes back: its heartbeat expires (15 s), the visibility timeout (6 s) and
 # the grace (4 s) pass, the coordinator's sweep (every 2 s) marks the environment lost.
 LOST_BOUND_S = 60
+# A vanished message: its lease (limit 4 s + slack 3 s after the host's last progress) runs out,
+# the sweep (every 2 s) queues it again or marks it lost; then the campaign finishes.
+LEASE_BOUND_S = 60
 
 
 def _running(fleet: Any) -> list[str]:
@@ -167,3 +184,130 @@ def test_a_worker_that_never_returns_leaves_its_environment_marked_lost(make_fle
     (host,) = final["hosts"]
     assert host["lost"] == 1 and host["outcomes"] == {}
     assert host["failures"][0]["reason"].startswith("lost: worker stopped mid-environment")
+
+
+def _verify(fleet: Any, campaign: str) -> None:
+    """``sandbench verify`` passes on the campaign as stored."""
+    out = fleet.cli("verify", campaign, "--data", str(fleet.data))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _remove_queued(fleet: Any, host: str, task_id: str) -> None:
+    """Delete the queued message of ``task_id`` from ``host``'s queue in Redis, by hand."""
+    client = fleet.redis.client()
+    try:
+        queue = f"host.{host}"
+        (message,) = [m for m in client.lrange(queue, 0, -1) if task_id in m]
+        assert client.lrem(queue, 1, message) == 1
+    finally:
+        client.close()
+
+
+def _runs(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie waiting for its parent."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _holding(work_root: Path) -> str:
+    """Wait until an environment of ``work_root`` has its overlay mounted and runs; its name."""
+
+    def ready() -> str | None:
+        for name in env_names(work_root):
+            merged = work_root / "envs" / name / "env" / "stage" / "merged"
+            if merged.is_mount() and len(cgroup_pids(cgroup_dirs(name))) >= 2:
+                return name
+        return None
+
+    return wait_until(ready, 60, f"an environment holding in {work_root}", 0.05)
+
+
+def test_kill9_mid_staged_environment_leftovers_are_reaped_before_the_next(
+    make_fleet: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed mid staged environment leaves a mount, cgroups in every hierarchy,
+    processes and a workspace; restarted, it reaps them before its next environment, while the
+    other worker's running environment is untouched and passes."""
+    fleet = make_fleet(["lab-a", "lab-b"])
+    monkeypatch.setenv("SANDBENCH_PYTHON", str(holding_python(fleet.root)))
+    a, b = fleet.hosts["lab-a"].work_root, fleet.hosts["lab-b"].work_root
+    hold(a, 600)
+    hold(b, 20)
+    fleet.register_hosts()
+    worker = fleet.start_worker("lab-a")
+    fleet.start_worker("lab-b")
+    fleet.start_coordinator()
+    plan = write_plan(fleet.root / "plan.toml", environments=1, rounds=1, workloads=["publish"],
+                      modes=["staged"], limit_s=60, sentinel=False)  # fmt: skip
+    campaign = dispatch(fleet, plan, "lab-a,lab-b")
+    try:
+        killed, running = _holding(a), _holding(b)
+        groups = cgroup_dirs(killed)
+        if detect() == 1:  # the environment's cgroup is in every v1 controller's hierarchy
+            mounts = cgroup_mounts()
+            assert {mounts[c] for c in CONTROLLERS if c in mounts} <= {g.parents[1] for g in groups}
+        strays, others = cgroup_pids(groups), cgroup_pids(cgroup_dirs(running))
+        worker.kill9()
+        hold(a, 0)
+        assert all(_runs(p) for p in strays) and mounts_under(a)
+        restarted = fleet.start_worker("lab-a")
+        assert killed not in env_names(a) and cgroup_dirs(killed) == []
+        assert not [m for m in mounts_under(a) if killed in m]
+        assert not [p for p in strays if _runs(p)]
+        assert (b / "envs" / running / "env" / "stage" / "merged").is_mount()
+        assert cgroup_dirs(running) and all(_runs(p) for p in others)
+        wait_finished(fleet, campaign, FAULT_BOUND_S)
+    finally:
+        remove_leftover_cgroups(campaign)
+    log = restarted.own_text()
+    assert f"reaper: reaped mount {a}/envs/{killed}/env/stage/merged" in log, log
+    assert log.index("reaper: reaped") < log.index("Task run_environment[")
+    for name in fleet.hosts:
+        (record,) = assert_each_once(fleet, campaign, name)
+        assert record.outcome == "passed", record.detail
+    assert leftovers(a, campaign) == leftovers(b, campaign) == {
+        "processes": [], "cgroups": [], "mounts": [], "files": []
+    }  # fmt: skip
+
+
+def test_a_queued_message_that_vanished_is_queued_again_and_verifies(make_fleet: Any) -> None:
+    """A message deleted from the host's queue never starts: the coordinator queues it again
+    (same key and attempt) once its lease ran out, the campaign completes and verifies."""
+    fleet = make_fleet(["lab-a"])
+    fleet.register_hosts()
+    fleet.start_coordinator()
+    plan = write_plan(fleet.root / "plan.toml", environments=2, rounds=1, workloads=["publish"],
+                      limit_s=4, sentinel=False)  # fmt: skip
+    campaign = dispatch(fleet, plan, "lab-a")
+    vanished = Store(fleet.data).load_campaign(campaign).host_specs("lab-a")[0]
+    _remove_queued(fleet, "lab-a", str(vanished.task_id))
+    fleet.start_worker("lab-a")
+    final = wait_finished(fleet, campaign, LEASE_BOUND_S)
+    (host,) = final["hosts"]
+    assert host["requeued"] == 1 and host["lost"] == 0, host
+    records = assert_each_once(fleet, campaign, "lab-a")
+    assert all(r.outcome == "passed" and r.attempt == 1 for r in records)
+    assert "queued again" in fleet.coordinator.text()
+    _verify(fleet, campaign)
+
+
+def test_a_queued_message_of_a_host_that_is_gone_is_marked_lost(make_fleet: Any) -> None:
+    """With no worker of its host alive, a queued environment that never starts is marked lost
+    with a reason once its lease ran out; status says so and the host is finalized."""
+    fleet = make_fleet(["lab-a"])
+    fleet.register_hosts()
+    fleet.start_coordinator()
+    plan = write_plan(fleet.root / "plan.toml", environments=1, rounds=1, workloads=["publish"],
+                      limit_s=4, sentinel=False)  # fmt: skip
+    campaign = dispatch(fleet, plan, "lab-a")
+    (spec,) = Store(fleet.data).load_campaign(campaign).host_specs("lab-a")
+    _remove_queued(fleet, "lab-a", str(spec.task_id))
+    final = wait_finished(fleet, campaign, LEASE_BOUND_S)
+    (host,) = final["hosts"]
+    assert host["lost"] == 1 and host["requeued"] == 0 and host["outcomes"] == {}, host
+    reason = "lost: queued but never started, and no worker of host lab-a is alive"
+    assert host["failures"][0]["reason"] == reason
+    text = fleet.cli("status", campaign, "--data", str(fleet.data)).stdout
+    assert "1 lost" in text and f"lost {spec.key()}: queued but never started" in text, text

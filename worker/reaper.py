@@ -61,7 +61,7 @@ class Reaped:
     def add(self, kind: str, what: str) -> None:
         """Note and log one removed item."""
         self.items.append((kind, what))
-        log.warning("reaped %s %s", kind, what)
+        log.info("reaped %s %s", kind, what)
 
     def problem(self, what: str) -> None:
         """Note and log something that could not be removed."""
