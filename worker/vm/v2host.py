@@ -150,6 +150,9 @@ def qemu_config(
     problem = guest.v2host_problem(prepared)
     if problem or prepared is None or prepared.v2host_initrd is None:
         raise V2HostError(f"cannot boot the v2 host: {problem}")
+    if settings.accel == "kvm" and (kvm := accel.kvm_problem(prepared)):
+        raise V2HostError(f"--accel kvm is forced but KVM is unusable here: {kvm}; leave "
+                          f"--accel out for the probe's verdict")  # fmt: skip
     (work / JOB_FILE).write_text(job_script(argv, settings))
     (work / JOB_FILE).chmod(0o644)
     return qemu.GuestConfig(
