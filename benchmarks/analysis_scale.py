@@ -41,6 +41,7 @@ from tasks.records import (
     Signature,
     failed_fields,
 )
+from tasks.signing import CoordinatorKey
 from worker.modes import BUILTIN_MODES
 from workloads.registry import WORKLOADS
 
@@ -114,7 +115,7 @@ def measure(total: int, repeat: int) -> tuple[int, Row]:
     """Environments and the medians of ``repeat`` runs of each figure."""
     specs, records = synthetic(total)
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp))
+        store = Store(Path(tmp), signer=CoordinatorKey.generate())
         store.create_campaign(
             "# synthetic\n", {"name": "bench", "seed": 1, "environments": 0}, specs
         )

@@ -19,6 +19,7 @@ from coordinator.dispatch import dispatch_specs, send_specs, with_task_ids  # no
 from coordinator.store import Store  # noqa: E402
 from tasks.app import create_app, host_queue  # noqa: E402
 from tasks.records import EnvironmentSpec  # noqa: E402
+from tasks.signing import CoordinatorKey  # noqa: E402
 from tests.fleet_helpers import OPS_APPENDFSYNC, RedisServer  # noqa: E402
 
 ENVIRONMENTS = 10_000
@@ -43,7 +44,8 @@ def main() -> None:
         app = create_app(server.url())
         try:
             t0 = time.perf_counter()
-            campaign = dispatch_specs(app, Store(Path(tmp) / "data"), "", {}, specs("c-bench-1"))
+            store = Store(Path(tmp) / "data", signer=CoordinatorKey.generate())
+            campaign = dispatch_specs(app, store, "", {}, specs("c-bench-1"))
             whole = time.perf_counter() - t0
             client = server.client()
             queued = sum(client.llen(host_queue(h)) for h in HOSTS)
@@ -51,12 +53,12 @@ def main() -> None:
             client.close()
             again = with_task_ids(specs("c-bench-2"))
             t0 = time.perf_counter()
-            send_specs(app, again)
+            send_specs(app, again, store.signer)
             send_only = time.perf_counter() - t0
             app.conf.task_send_sent_event = False  # for comparison only: Flower needs the events
             third = with_task_ids(specs("c-bench-3"))
             t0 = time.perf_counter()
-            send_specs(app, third)
+            send_specs(app, third, store.signer)
             no_events = time.perf_counter() - t0
         finally:
             app.close()

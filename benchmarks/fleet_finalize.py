@@ -28,7 +28,7 @@ from coordinator.registry import HostRegistry  # noqa: E402
 from coordinator.store import Store  # noqa: E402
 from tasks.app import create_app  # noqa: E402
 from tasks.records import EnvironmentRecord, RoundRecord  # noqa: E402
-from tasks.signing import HostKey, sign_record  # noqa: E402
+from tasks.signing import CoordinatorKey, HostKey, sign_record  # noqa: E402
 from tests.fleet_helpers import OPS_APPENDFSYNC, RedisServer  # noqa: E402
 
 PLAN = """
@@ -68,7 +68,7 @@ def main() -> None:
         server.start()
         app = create_app(server.url())
         try:
-            store = Store(root / "data")
+            store = Store(root / "data", signer=CoordinatorKey.generate())
             plan = parse_plan(PLAN)
             store.create_campaign(PLAN, plan, expand(plan, [HOST], CAMPAIGN, str(root / "w")))
             key = HostKey.generate(HOST)

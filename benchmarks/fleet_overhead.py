@@ -55,12 +55,12 @@ def run(n: int, root: Path) -> tuple[list[float], list[float], list[float]]:
                             work_root=str(root / "work"))
             for i in range(n)
         ])  # fmt: skip
-        store = Store(fleet.data)
+        store = Store(fleet.data, signer=fleet.coordinator_key)
         store.create_campaign("", {}, specs)
         watch_campaign(app, CAMPAIGN)
         key = STORED_AT_KEY.format(campaign=CAMPAIGN)
         for spec in specs:
-            send_specs(app, [spec])
+            send_specs(app, [spec], store.signer)
             wait_until(
                 lambda s=spec: client.hexists(key, s.key()), 60, f"{spec.key()} stored", 0.002
             )

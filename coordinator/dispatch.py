@@ -1,6 +1,7 @@
 """Fleet dispatch: store the expanded campaign, then queue each host's environments in order.
 
-Also the repairs: ``rerun`` of a cell by one of its task ids, and of every failed cell.
+Every spec is sent signed by the coordinator key (the store's signer): a worker runs nothing
+else. Also the repairs: ``rerun`` of a cell by one of its task ids, and of every failed cell.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from tasks.broker import check_broker, redis_client
 from tasks.errors import FleetError, StoreError
 from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.records import EnvironmentSpec
+from tasks.signing import CoordinatorKey
+from tasks.spec_signing import signed_spec_data
 
 
 def with_task_ids(specs: list[EnvironmentSpec]) -> list[EnvironmentSpec]:
@@ -36,15 +39,15 @@ def by_host(specs: list[EnvironmentSpec]) -> dict[str, list[EnvironmentSpec]]:
     return dict(out)
 
 
-def send_specs(app: Celery, specs: list[EnvironmentSpec]) -> int:
-    """Queue every spec on its host's queue, host by host in run order; how many were sent."""
+def send_specs(app: Celery, specs: list[EnvironmentSpec], signer: CoordinatorKey) -> int:
+    """Queue every spec, signed, on its host's queue, host by host in run order; how many."""
     sent = 0
     with app.producer_or_acquire() as producer:
         for host, host_specs in by_host(specs).items():
             for spec in host_specs:
                 app.send_task(
                     TASK_RUN,
-                    args=[spec.model_dump(mode="json")],
+                    args=[signed_spec_data(spec, signer)],
                     kwargs={"sent_at": time.time()},
                     queue=host_queue(host),
                     task_id=spec.task_id,
@@ -72,7 +75,7 @@ def dispatch_specs(
     check_broker(app.conf.broker_url)  # nothing is stored for a campaign that cannot be queued
     campaign = store.create_campaign(plan_text, plan, specs)
     watch_campaign(app, campaign)
-    send_specs(app, specs)
+    send_specs(app, specs, store.signer)
     return campaign
 
 
@@ -107,7 +110,7 @@ def rerun_cell(app: Celery, store: Store, campaign: str, cell: tuple[str, str, s
     client = redis_client(app.conf.broker_url)
     client.hdel(FINALIZED_KEY.format(campaign=campaign), cell[0])
     watch_campaign(app, campaign)
-    send_specs(app, fresh)
+    send_specs(app, fresh, store.signer)
     return [s.task_id for s in fresh if s.task_id]
 
 

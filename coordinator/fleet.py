@@ -44,7 +44,7 @@ from tasks.app import (
 from tasks.broker import ALIVE_KEY, STARTED_KEY, redis_client
 from tasks.errors import HostKeyError, RecordRejected, StoreError
 from tasks.records import EnvironmentRecord, EnvironmentSpec
-from tasks.signing import canonical_json, fingerprint, public_key_from_b64, verify_record
+from tasks.signing import canonical_json, fingerprint, public_key_from_b64, verify_record_data
 
 log = logging.getLogger("sandbench.coordinator")
 
@@ -94,24 +94,31 @@ class Coordinator:
         return cls._cached[id(app)]
 
     # --- records -------------------------------------------------------------------------------
-    def check(self, record: EnvironmentRecord) -> None:
-        """Raise ``RecordRejected`` unless ``record`` is signed by its host and was planned."""
-        verify_record(record, self.registry)
+    def check(self, data: dict[str, Any]) -> EnvironmentRecord:
+        """The record ``data`` if its host signed these very fields and it was planned.
+
+        The signature is checked over the object as it came off the wire, and the object must
+        be a valid record as it stands (no coercion): what is stored is what the host signed.
+        """
+        if not isinstance(data, dict):
+            raise RecordRejected("a record must be a JSON object")
+        verify_record_data(data, self.registry)
+        record = EnvironmentRecord.model_validate(data, strict=True)
         try:
             planned = load_campaign(self.store, record.campaign).spec_by_key()
         except StoreError as exc:
             raise RecordRejected(f"{record.key()}: {exc}") from exc
         if record.key() not in planned:
             raise RecordRejected(f"{record.key()}: no such environment was planned")
+        return record
 
     def accept(self, data: dict[str, Any]) -> dict[str, Any]:
         """Store one record from the wire if it verifies; finalize its host when complete."""
         try:
-            record = EnvironmentRecord.model_validate(data)
-            self.check(record)
+            record = self.check(data)
         except (ValidationError, RecordRejected) as exc:
-            return self.reject(data, str(exc).splitlines()[0])
-        added = self.store.append_record(record)
+            return self.reject(data if isinstance(data, dict) else {}, str(exc).splitlines()[0])
+        added = self.store.append_records([record], [data]) == 1
         self.client.hset(STORED_AT_KEY.format(campaign=record.campaign), record.key(), time.time())
         if not added:  # the first record stored for a key wins; a later one is counted
             log.info("duplicate record %s dropped (already stored)", record.key())
@@ -212,7 +219,7 @@ class Coordinator:
         """Queue ``spec`` again exactly as planned (same key, attempt and task id)."""
         from coordinator.dispatch import send_specs
 
-        send_specs(self.app, [spec])
+        send_specs(self.app, [spec], self.store.signer)
 
     def sweep(self) -> None:
         """One pass over the active campaigns: lost runs, expired leases, finalize what is done."""

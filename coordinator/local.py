@@ -32,7 +32,8 @@ from coordinator.store import Store
 from tasks.errors import SandbenchError, StoreError
 from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.records import EnvironmentRecord, EnvironmentSpec
-from tasks.signing import HostKey
+from tasks.signing import CoordinatorKey, HostKey
+from tasks.spec_signing import sign_spec
 from worker.gate import HostState, RecordedFailures, run_planned, verdict_facts
 from worker.modes import HostInfo, Preflight
 
@@ -54,9 +55,10 @@ class RunResult:
         return self.recorded_before + self.recorded_now == self.planned
 
 
-def trust_own_key(key: HostKey, registry: HostRegistry) -> None:
-    """Register this host's own key (a local campaign is verified against it)."""
+def trust_own_keys(key: HostKey, signer: CoordinatorKey, registry: HostRegistry) -> None:
+    """Register this host's and this coordinator's own keys (a local campaign verifies by them)."""
     registry.add(key.name, key.public_b64())
+    registry.add_coordinator(signer.public_b64())
 
 
 def start_campaign(store: Store, plan_text: str, plan: Plan, host: str, work_root: Path) -> str:
@@ -90,7 +92,8 @@ class LocalExecutor:
     ) -> None:
         self.store, self.campaign_id = store, campaign_id
         self.stop = stop or threading.Event()
-        self.host = HostState(key, Path(work_root), on_verdict=self._keep_verdict)
+        self.host = HostState(key, Path(work_root), on_verdict=self._keep_verdict,
+                              coordinator=store.signer.public_b64())  # fmt: skip
         self.provenance: dict[str, Any] = {"modes": {}}
         campaign = store.load_campaign(campaign_id)
         if key.name not in campaign.hosts:
@@ -108,8 +111,13 @@ class LocalExecutor:
         self.store.write_provenance(self.campaign_id, self.host.name, self.provenance)
 
     def execute(self, spec: EnvironmentSpec) -> EnvironmentRecord | None:
-        """The signed record of one environment, from the gate (None if stopped mid-way)."""
-        return run_planned(spec, self.host, self.failures, stop=self.stop)
+        """The signed record of one environment, from the gate (None if stopped mid-way).
+
+        The spec goes to the gate signed by this machine's coordinator key, as the fleet's do;
+        the embedded run trusts its own plan, so command modes need no allowlist here.
+        """
+        signed = sign_spec(spec, self.store.signer)
+        return run_planned(signed, self.host, self.failures, stop=self.stop)
 
     def keep(self, record: EnvironmentRecord) -> None:
         """Store a signed record."""
@@ -184,7 +192,7 @@ def run_campaign(
     """Start (``plan``) or resume (``resume``) a campaign on this machine and run it."""
     if (plan is None) == (resume is None):
         raise SandbenchError("give either a plan or a campaign id to resume, not both")
-    trust_own_key(key, registry or HostRegistry())
+    trust_own_keys(key, store.signer, registry or HostRegistry())
     if resume is not None:
         campaign_id = resume
     else:

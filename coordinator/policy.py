@@ -1,4 +1,5 @@
-"""The first-failure rule re-derived from the records: by finalization and by ``verify``.
+"""The first-failure rule re-derived from the records (by finalization and ``verify``), and
+``verify`` itself: the campaign's bytes (``coordinator.integrity``), completeness and the rule.
 
 After the first failed environment of a cell (in the cell's planned order), the remaining
 planned environments of that cell (same attempt) are not run; they get a ``not-run`` record
@@ -8,17 +9,17 @@ rule is applied live in one place, the gate (``worker.gate``); here it is only c
 
 from __future__ import annotations
 
-import re
+import json
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from tasks.errors import HostKeyError, RecordRejected
+from coordinator.hostlog import LOST_FILE
+from tasks.errors import StoreError
 from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec
-from tasks.signing import verify_record
 
 if TYPE_CHECKING:
     from coordinator.registry import HostRegistry
@@ -113,44 +114,116 @@ def derive(
     return out
 
 
-# --- verify: signatures and the rule, from the raw records ---------------------------------------
-IDENTITY_RE = {
-    name: re.compile(rf'"{name}":\s*("?)([^",}}]*)\1')
-    for name in ("campaign", "host", "mode", "workload", "env_index", "attempt")
-}
+# --- verify: the campaign's bytes, completeness and the rule -------------------------------------
+@dataclass
+class Verification:
+    """What ``verify`` found in a campaign's bytes, and which bytes it checked."""
+
+    campaign: str
+    problems: list[str] = field(default_factory=list)
+    records: int = 0  # record lines checked
+    missing: int = 0  # planned environments without a record or lost mark (none later)
+    unsealed: list[str] = field(default_factory=list)  # hosts not finalized as they stand
+    digests: dict[str, str] = field(default_factory=dict)  # what was checked (Store.raw_digests)
+
+    @property
+    def ok(self) -> bool:
+        """Verified: no problem, nothing missing, every host's log sealed as it stands."""
+        return not self.problems and not self.missing and not self.unsealed
+
+    @property
+    def verdict(self) -> str:
+        """One line: verified, incomplete (how), or UNVERIFIED (how many problems)."""
+        if self.problems:
+            return f"UNVERIFIED ({len(self.problems)} problems in {self.records} records)"
+        if self.missing or self.unsealed:
+            parts = [f"{self.missing} planned without a record"] if self.missing else []
+            parts += [f"host {h} not finalized as it stands" for h in self.unsealed]
+            return f"incomplete: {'; '.join(parts)}"
+        return (f"verified ({self.records} records: signatures, hash chains, final heads, the "
+                "signed expansion and the first-failure rule)")  # fmt: skip
+
+    def as_json(self, checked_at: str) -> dict[str, Any]:
+        """``verification.json``: the verdict bound to the digests of the bytes checked."""
+        return {"ok": self.ok, "verdict": self.verdict, "problems": self.problems,
+                "records": self.records, "missing": self.missing, "unsealed": self.unsealed,
+                "digests": self.digests, "checked_at": checked_at}  # fmt: skip
 
 
-def _identity(text: str) -> str:
-    """Best-effort environment key of a record line that no longer parses."""
-    parts = []
-    for rx in IDENTITY_RE.values():
-        m = rx.search(text)
-        parts.append(m.group(2) if m else "?")
-    return "/".join(parts)
+def verify_campaign(store: Store, campaign_id: str, registry: HostRegistry) -> Verification:
+    """Every problem of a stored campaign's bytes, its completeness, and the rule re-derived."""
+    from coordinator.integrity import check_expansion, check_head, check_lines
 
-
-def verify_campaign(store: Store, campaign_id: str, registry: HostRegistry) -> list[str]:
-    """Every problem of a stored campaign: bad or foreign signatures, broken lines, rule breaks."""
-    campaign = store.load_campaign(campaign_id)
-    problems: list[str] = []
+    out = Verification(campaign_id, digests=store.raw_digests(campaign_id))
+    cdir = store.campaign_dir(campaign_id)
+    out.problems += check_expansion(cdir, registry)
+    try:
+        campaign = store.load_campaign(campaign_id)
+    except (StoreError, ValueError, KeyError, ValidationError) as exc:
+        out.problems.append(f"campaign.json: not a campaign file ({str(exc).splitlines()[0]})")
+        return out
     good: list[EnvironmentRecord] = []
-    for raw in store.raw_lines(campaign_id):
-        where = f"hosts/{raw.host}/records.jsonl line {raw.lineno}"
-        try:
-            record = EnvironmentRecord.model_validate_json(raw.text)
-        except ValidationError:
-            problems.append(
-                f"{_identity(raw.text)}: {where}: not a valid record (changed or truncated)"
-            )
-            continue
-        try:
-            verify_record(record, registry, campaign=campaign_id)
-        except (RecordRejected, HostKeyError) as exc:
-            problems.append(f"{exc} ({where})")
-            continue
-        if record.host != raw.host:
-            problems.append(f"{record.key()}: stored under host '{raw.host}' ({where})")
-            continue
-        good.append(record)
-    problems += [str(v) for v in derive(good, campaign.specs)]
-    return problems
+    for host in sorted(set(campaign.hosts) | set(store.hosts(campaign_id))):
+        log = check_lines(campaign_id, host, store.log_lines(campaign_id, host), registry)
+        head_problems, sealed = check_head(cdir, log, registry)
+        out.problems += log.problems + head_problems
+        out.records += len(log.lines)
+        good += log.records
+        missing = _missing(campaign.host_specs(host), log.present(), store, campaign_id, host)
+        out.problems += [f"{key}: {why}" for key, why in missing.named(sealed)]
+        out.missing += missing.unnamed(sealed)
+        if not (sealed or head_problems or missing.count) and campaign.host_specs(host):
+            out.unsealed.append(host)
+    out.problems += [str(v) for v in derive(good, campaign.specs)]
+    return out
+
+
+@dataclass
+class Missing:
+    """Planned environments of one host without a record or lost mark, and the latest recorded."""
+
+    host: str
+    specs: list[EnvironmentSpec]
+    latest: dict[int, int]  # attempt -> highest order index recorded
+
+    @property
+    def count(self) -> int:
+        """How many are missing."""
+        return len(self.specs)
+
+    def named(self, sealed: bool) -> list[tuple[str, str]]:
+        """Those that are problems: the log was finalized, or a later environment has a record."""
+        out = []
+        for spec in self.specs:
+            later = self.latest.get(spec.attempt, -1)
+            if sealed:
+                out.append((spec.key(), f"planned but has no record, and host {self.host}'s "
+                                        "log was finalized (a record was removed)"))  # fmt: skip
+            elif later > spec.order_index:
+                why = f"no record, but a later environment of host {self.host} (order {later})"
+                out.append((spec.key(), f"{why} has one (a record was removed)"))
+        return out
+
+    def unnamed(self, sealed: bool) -> int:
+        """Those still to come: an unfinished campaign's environments without a record yet."""
+        return self.count - len(self.named(sealed))
+
+
+def _missing(
+    planned: list[EnvironmentSpec], present: set[str], store: Store, campaign: str, host: str
+) -> Missing:
+    """The planned environments of ``host`` that have neither a record line nor a lost mark."""
+    lost_path = store.host_dir(campaign, host) / LOST_FILE
+    lost = set()
+    if lost_path.exists():
+        for text in lost_path.read_text(errors="replace").splitlines():
+            try:
+                lost.add(str(json.loads(text)["key"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+    latest: dict[int, int] = {}
+    for spec in planned:
+        if spec.key() in present:
+            latest[spec.attempt] = max(latest.get(spec.attempt, -1), spec.order_index)
+    gone = [s for s in planned if s.key() not in present and s.key() not in lost]
+    return Missing(host, gone, latest)

@@ -1,8 +1,9 @@
 """Planned versus recorded environments of a host, and finalizing a host once each has an outcome.
 
 Both transports finalize the same way, from the store (never from a Redis chord):
-``finalize_host`` re-applies the first-failure rule to the stored records (violations are
-reported, never repaired) and rebuilds the results and the report from the raw records.
+``finalize_host`` signs the head of the host's log with the coordinator key (so a removed tail
+shows), re-applies the first-failure rule to the stored records (violations are reported, never
+repaired) and rebuilds the results and the report from the raw records.
 ``sandbench run`` calls it when its host is done, the fleet's coordinator when a host's last
 record or lost mark is stored.
 """
@@ -16,13 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coordinator.hostlog import LOST_FILE as LOST_FILE  # fleet.py reads it from here
 from coordinator.policy import Violation, derive
 from coordinator.store import CAMPAIGN_FILE, Campaign, Store
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 
 log = logging.getLogger("sandbench.coordinator")
 
-LOST_FILE = "lost.jsonl"
 ENV_KEY = "{campaign}/{host}/{mode}/{workload}/{env_index}/{attempt}"  # EnvironmentRecord.key
 
 
@@ -151,6 +152,7 @@ def finalize_host(store: Store, campaign: str, host: str) -> Finalized:
     if not progress.complete():
         missing = len(progress.missing())
         return Finalized(host, False, progress.fingerprint(), missing=missing)
+    store.seal_host(campaign, host)  # the final head: count and last digest, signed
     violations = derive(list(progress.records.values()), progress.planned)
     for v in violations:
         log.warning("campaign %s host %s: %s", campaign, host, v)

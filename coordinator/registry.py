@@ -1,4 +1,10 @@
-"""The trusted host registry: host name -> Ed25519 public key, one JSON file."""
+"""The trusted registry, one JSON file: host name -> Ed25519 public key, and coordinator keys.
+
+``hosts`` holds each lab host's key (its records are accepted); ``coordinators`` holds, by
+fingerprint, the coordinator keys whose signed expansions, record links and final heads
+``verify`` accepts (this machine's own, registered when it is created, and any other
+coordinator's whose campaigns are verified here).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from typing import Any
 from tasks.errors import HostKeyError
 from tasks.names import check_name
 from tasks.paths import sandbench_home
-from tasks.signing import fingerprint, public_key_from_b64
+from tasks.signing import CoordinatorKey, fingerprint, public_key_from_b64
 
 REGISTRY_FILE = "hosts.json"
 
@@ -32,13 +38,19 @@ class HostRegistry:
 
     def _read(self) -> dict[str, Any]:
         if not self.path.exists():
-            return {"hosts": {}}
+            return {"hosts": {}, "coordinators": {}}
         try:
             data: dict[str, Any] = json.loads(self.path.read_text())
         except (OSError, ValueError) as exc:
             raise HostKeyError(f"{self.path}: unreadable host registry ({exc})") from exc
         data.setdefault("hosts", {})
+        data.setdefault("coordinators", {})
         return data
+
+    def _write(self, data: dict[str, Any]) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.path)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -64,10 +76,32 @@ class HostRegistry:
             if old is not None:  # the replaced key stays on file, for the record
                 entry["replaced"] = [*old.pop("replaced", []), {**old, "replaced_at": added}]
             data["hosts"][name] = entry
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-            os.replace(tmp, self.path)
+            self._write(data)
         return True
+
+    def add_coordinator(self, pubkey_b64: str, label: str = "coordinator") -> bool:
+        """Trust coordinator key ``pubkey_b64`` (``label`` says whose); False if it already was."""
+        public_key_from_b64(pubkey_b64)  # validates
+        pubkey_b64 = pubkey_b64.strip()
+        with self._locked():
+            data = self._read()
+            if fingerprint(pubkey_b64) in data["coordinators"]:
+                return False
+            added = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            entry = {"public_key": pubkey_b64, "added_at": added, "label": label}
+            data["coordinators"][fingerprint(pubkey_b64)] = entry
+            self._write(data)
+        return True
+
+    def coordinator_key(self, fingerprint_: str) -> str | None:
+        """The trusted coordinator public key with this fingerprint, if any."""
+        entry = self._read()["coordinators"].get(fingerprint_)
+        return None if entry is None else str(entry["public_key"])
+
+    def coordinators(self) -> dict[str, dict[str, Any]]:
+        """Every trusted coordinator key by fingerprint."""
+        found: dict[str, dict[str, Any]] = self._read()["coordinators"]
+        return found
 
     def _changed_key(self, name: str, registered: str, presented: str) -> HostKeyError:
         """The refusal of another key under a registered name, with the command to replace it."""
@@ -101,3 +135,13 @@ class HostRegistry:
 
     def __contains__(self, name: object) -> bool:
         return name in self._read()["hosts"]
+
+
+def own_coordinator_key(
+    path: Path | None = None, registry: HostRegistry | None = None
+) -> CoordinatorKey:
+    """This machine's coordinator key (created on first need), trusted by its own registry."""
+    key = CoordinatorKey.load_or_create(path)
+    home = (path or key.path or default_registry_path()).parent
+    (registry or HostRegistry(home / REGISTRY_FILE)).add_coordinator(key.public_b64())
+    return key

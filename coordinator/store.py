@@ -4,13 +4,19 @@ Layout under the data directory (design, "Store")::
 
     <campaign-id>/plan.toml            the plan as given
     <campaign-id>/campaign.json        expanded plan: every environment, host, order index, task id
+    <campaign-id>/campaign.sig         the coordinator key's signature of the two files above
     <campaign-id>/hosts/<host>/provenance.json
-    <campaign-id>/hosts/<host>/records.jsonl   append-only, one signed record per line
+    <campaign-id>/hosts/<host>/records.jsonl   append-only, one signed, chained record per line
+    <campaign-id>/hosts/<host>/head.json       the log's final head, signed at finalization
+    <campaign-id>/hosts/<host>/lost.jsonl      environments whose worker never came back
     <campaign-id>/hosts/<host>/results.csv     derived (report)
     <campaign-id>/report.md, report.html, plots/   derived (report)
 
 Raw records are never rewritten. ``append_record`` inserts a record only if its
 (environment, attempt) key is absent; appenders in several processes serialize on a lock file.
+The store is the one writer of each host's log, so it links every line into the log's hash
+chain as it appends and signs the link with the coordinator key (``coordinator.chain``); what
+it needs of the file (keys, line count, last line's digest) it reads incrementally.
 """
 
 from __future__ import annotations
@@ -30,14 +36,16 @@ import msgspec
 from pydantic import ValidationError
 from pydantic_core import from_json  # about twice as fast as json.loads on records
 
+from coordinator.chain import EXPANSION_SIG_FILE, HEAD_FILE, expansion_document
+from coordinator.hostlog import LOST_FILE, RECORDS_FILE, HostLog, file_digest, write_atomic
 from coordinator.views import CampaignView, campaign_view
 from tasks.errors import StoreError
 from tasks.names import check_name, is_name
 from tasks.records import EnvironmentRecord, EnvironmentSpec
+from tasks.signing import CoordinatorKey
 
 CAMPAIGN_FILE = "campaign.json"
 PLAN_FILE = "plan.toml"
-RECORDS_FILE = "records.jsonl"
 PROVENANCE_FILE = "provenance.json"
 VERIFICATION_FILE = "verification.json"
 LOCK_FILE = ".lock"
@@ -83,15 +91,6 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -103,10 +102,21 @@ def _fsync_dir(path: Path) -> None:
 class Store:
     """Campaigns under one data directory (``--data``, default ``./.data``)."""
 
-    def __init__(self, data_dir: Path | str = ".data") -> None:
+    def __init__(
+        self, data_dir: Path | str = ".data", signer: CoordinatorKey | None = None
+    ) -> None:
         self.root = Path(data_dir)
-        # records file -> (bytes indexed, keys seen): appends need not re-read the file.
-        self._index: dict[Path, tuple[int, set[str]]] = {}
+        self._signer = signer
+        self._logs: dict[Path, HostLog] = {}  # appends need not re-read a records file
+
+    @property
+    def signer(self) -> CoordinatorKey:
+        """The coordinator key that signs what this store writes (this machine's, by default)."""
+        if self._signer is None:
+            from coordinator.registry import own_coordinator_key
+
+            self._signer = own_coordinator_key()
+        return self._signer
 
     # --- paths ---------------------------------------------------------------------------------
     def campaign_dir(self, campaign_id: str) -> Path:
@@ -149,7 +159,7 @@ class Store:
         if cdir.exists():
             raise StoreError(f"{cdir} already exists; resume it with --resume {cid}")
         cdir.mkdir(parents=True)
-        (cdir / PLAN_FILE).write_text(plan_text)
+        (cdir / PLAN_FILE).write_bytes(plan_text.encode("utf-8"))
         plan_json = plan.model_dump(mode="json") if hasattr(plan, "model_dump") else dict(plan)
         hosts = sorted({s.host for s in specs})
         self._write_campaign(cid, plan_json, specs, _now(), hosts, notes or [])
@@ -176,7 +186,12 @@ class Store:
             "plan": plan,
             "environments": [s.model_dump(mode="json") for s in specs],
         }
-        _write_atomic(self.campaign_dir(cid) / CAMPAIGN_FILE, json.dumps(doc, indent=1) + "\n")
+        cdir = self.campaign_dir(cid)
+        text = (json.dumps(doc, indent=1) + "\n").encode("utf-8")
+        files = {CAMPAIGN_FILE: text, PLAN_FILE: (cdir / PLAN_FILE).read_bytes()}
+        signature = expansion_document(cid, files, self.signer)
+        write_atomic(cdir / CAMPAIGN_FILE, text)
+        write_atomic(cdir / EXPANSION_SIG_FILE, signature)
 
     def _campaign_file(self, campaign_id: str) -> Path:
         path = self.campaign_dir(campaign_id) / CAMPAIGN_FILE
@@ -268,7 +283,7 @@ class Store:
         hdir = self.host_dir(campaign_id, host)
         hdir.mkdir(parents=True, exist_ok=True)
         path = hdir / PROVENANCE_FILE
-        _write_atomic(path, json.dumps(facts, indent=2, sort_keys=True, default=str) + "\n")
+        write_atomic(path, json.dumps(facts, indent=2, sort_keys=True, default=str) + "\n")
         return path
 
     def provenance(self, campaign_id: str, host: str) -> dict[str, Any]:
@@ -282,37 +297,52 @@ class Store:
     def write_verification(self, campaign_id: str, result: dict[str, Any]) -> None:
         """Store the outcome of the last ``verify`` (derived; rebuilt by every verify)."""
         path = self.campaign_dir(campaign_id) / VERIFICATION_FILE
-        _write_atomic(path, json.dumps(result, indent=2, sort_keys=True) + "\n")
+        write_atomic(path, json.dumps(result, indent=2, sort_keys=True) + "\n")
 
     def verification(self, campaign_id: str) -> dict[str, Any] | None:
         """The outcome of the last ``verify``, if any."""
         path = self.campaign_dir(campaign_id) / VERIFICATION_FILE
         return json.loads(path.read_text()) if path.exists() else None
 
+    def raw_digests(self, campaign_id: str) -> dict[str, str]:
+        """SHA-256 of every file ``verify`` checks (the raw ones), by path in the campaign."""
+        cdir = self.campaign_dir(campaign_id)
+        names = [PLAN_FILE, CAMPAIGN_FILE, EXPANSION_SIG_FILE]
+        for host in self._record_hosts(campaign_id):
+            names += [f"hosts/{host}/{n}" for n in (RECORDS_FILE, HEAD_FILE, LOST_FILE)]
+        return {n: file_digest(cdir / n) for n in names if (cdir / n).exists()}
+
+    def verification_status(self, campaign_id: str) -> str:
+        """The last ``verify``'s verdict if it checked these very bytes, else why not."""
+        verified = self.verification(campaign_id)
+        if verified is None or "digests" not in verified:
+            return f"not verified yet (run 'sandbench verify {campaign_id}')"
+        now, then = self.raw_digests(campaign_id), verified["digests"]
+        changed = sorted(n for n in now.keys() | then.keys() if now.get(n) != then.get(n))
+        if changed:
+            return (f"unverified: {', '.join(changed[:3])} changed since the last verify (run "
+                    f"'sandbench verify {campaign_id}')")  # fmt: skip
+        return str(verified.get("verdict") or ("verified" if verified.get("ok") else "UNVERIFIED"))
+
     # --- records ---------------------------------------------------------------------------------
-    def _keys(self, path: Path) -> set[str]:
-        """Keys in ``path``, read incrementally from where the last call stopped."""
-        offset, keys = self._index.get(path, (0, set()))
-        size = path.stat().st_size if path.exists() else 0
-        if size < offset:  # file replaced behind our back: start over
-            offset, keys = 0, set()
-        if size > offset:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read(size - offset)
-            complete = chunk[: chunk.rfind(b"\n") + 1]
-            for line in complete.splitlines():
-                keys.add(_line_key(line))
-            offset += len(complete)
-        self._index[path] = (offset, keys)
-        return keys
+    def host_log(self, campaign_id: str, host: str) -> HostLog:
+        """The record log of ``host`` in ``campaign_id`` (kept: appends read only what is new)."""
+        path = self.records_path(campaign_id, host)
+        if path not in self._logs:
+            self._logs[path] = HostLog(campaign_id, host, path)
+        return self._logs[path]
 
     def append_record(self, record: EnvironmentRecord) -> bool:
         """Append ``record`` unless its (environment, attempt) is already stored; True if added."""
         return self.append_records([record]) == 1
 
-    def append_records(self, records: list[EnvironmentRecord]) -> int:
-        """Append every record whose key is absent (one host, one campaign); returns how many."""
+    def append_records(
+        self, records: list[EnvironmentRecord], objects: list[dict[str, Any]] | None = None
+    ) -> int:
+        """Append every record whose key is absent (one host, one campaign); returns how many.
+
+        ``objects``: the records' JSON objects as received, stored byte for byte as signed.
+        """
         if not records:
             return 0
         first = records[0]
@@ -320,25 +350,11 @@ class Store:
             raise StoreError("append_records takes the records of one campaign and one host")
         if not self.campaign_dir(first.campaign).is_dir():
             raise StoreError(f"record for unknown campaign '{first.campaign}' under {self.root}")
-        path = self.records_path(first.campaign, first.host)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(RECORDS_FILE + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            keys = self._keys(path)
-            lines = []
-            for r in records:
-                if r.key() not in keys:
-                    keys.add(r.key())
-                    lines.append(
-                        json.dumps(r.to_json_dict(), separators=(",", ":"), sort_keys=True)
-                    )
-            if lines:
-                with open(path, "a") as f:
-                    f.write("\n".join(lines) + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
-                self._index[path] = (path.stat().st_size, keys)
-        return len(lines)
+        return self.host_log(first.campaign, first.host).append(records, self.signer, objects)
+
+    def seal_host(self, campaign_id: str, host: str) -> Path:
+        """Sign the head of ``host``'s log (line count, last digest, lost marks) at finalization."""
+        return self.host_log(campaign_id, host).seal(self.signer)
 
     def _record_hosts(self, campaign_id: str) -> list[str]:
         """Hosts that have a records directory (no need to parse campaign.json for that)."""
@@ -346,6 +362,14 @@ class Store:
         if not hosts_dir.is_dir():
             return []
         return sorted(p.name for p in hosts_dir.iterdir() if p.is_dir() and is_name(p.name))
+
+    def log_lines(self, campaign_id: str, host: str) -> list[bytes]:
+        """Every line of ``host``'s records file as stored (a last line without newline too)."""
+        path = self.records_path(campaign_id, host)
+        if not path.exists():
+            return []
+        lines = path.read_bytes().split(b"\n")
+        return lines[:-1] if lines[-1] == b"" else lines
 
     def raw_lines(self, campaign_id: str, host: str | None = None) -> Iterator[RawLine]:
         """Every stored record line, unparsed, host by host."""
@@ -403,13 +427,3 @@ def _parse_line(line: bytes, path: Path, lineno: int, campaign_id: str) -> Any:
         raise StoreError(
             f"{path} line {lineno}: not JSON; run 'sandbench verify {campaign_id}'"
         ) from exc
-
-
-def _line_key(line: bytes) -> str:
-    """Idempotency key of one stored record line (unparseable lines get a unique key)."""
-    try:
-        d = json.loads(line)
-        parts = ("campaign", "host", "mode", "workload", "env_index", "attempt")
-        return "/".join(str(d[p]) for p in parts)
-    except (ValueError, KeyError, TypeError):
-        return f"<unparseable:{hash(line)}>"

@@ -8,6 +8,12 @@ Record format versions (bump ``SCHEMA_VERSION`` and list every change here):
 * 3 -- ``kind``: ``environment`` (one of a cell's) or ``sentinel`` (a calibration environment
   of the machine-state sentinel, never in a cell); ``wall_s``: host seconds of the whole
   environment, preparation to cleanup (absent for one that did not run).
+* 4 -- ``chain``: the store's link of the record into its host's log (``seq``, the SHA-256
+  ``prev`` of the line before, the coordinator key's ``key_id`` and ``ed25519`` signature),
+  added by the coordinator as it appends and never signed by the host. Every signature is
+  checked over the stored line's own bytes, which must be canonical JSON (sorted keys, no
+  whitespace, each number as Python writes it): a line that does not round-trip byte for byte
+  is rejected. Specs carry ``coordinator_key`` and ``spec_signature``.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.names import Name
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 Outcome = Literal["passed", "failed", "not-run"]
 FailureClass = Literal["startup", "task", "resource"]
@@ -89,6 +95,10 @@ class EnvironmentSpec(BaseModel):
     # mode-specific settings, e.g. the command template of a ``command`` mode
     mode_options: dict[str, Any] = Field(default_factory=dict)
     kind: Kind = "environment"  # a sentinel is in no cell: see ``coordinator.sentinel``
+    # Who sent it: the coordinator key's id and its signature over the spec's canonical JSON
+    # (every other field); workers run only specs their trusted coordinator key signed.
+    coordinator_key: str | None = None
+    spec_signature: str | None = None
 
     def key(self) -> str:
         """Idempotency key: campaign, host, mode, workload, environment index, attempt."""
@@ -131,6 +141,17 @@ class Signature(BaseModel):
     ed25519: str
 
 
+class ChainLink(BaseModel):
+    """A stored record's place in its host's log, signed by the coordinator key that stored it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seq: int = Field(ge=1)  # 1 for the first line of the host's log of the campaign
+    prev: str  # SHA-256 (hex) of the previous line's exact bytes; the genesis digest for seq 1
+    key_id: str
+    ed25519: str
+
+
 class EnvironmentRecord(BaseModel):
     """The result of one environment, run or not; signed by the host that produced it."""
 
@@ -167,6 +188,7 @@ class EnvironmentRecord(BaseModel):
     wall_s: float | None = None  # host seconds of the whole environment, prepare to cleanup
     superseded: bool = False
     signature: Signature | None = None
+    chain: ChainLink | None = None  # added by the store (coordinator), never by the host
 
     def key(self) -> str:
         """Idempotency key, same shape as ``EnvironmentSpec.key``."""

@@ -18,10 +18,12 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
+from coordinator.registry import own_coordinator_key
 from coordinator.store import Store
 from tasks.records import EnvironmentRecord
-from tasks.signing import HostKey
+from tasks.signing import COORDINATOR_KEY_FILE, CoordinatorKey, HostKey
 from tests.conftest import require, require_binary
+from worker.config import ALLOW_KEY, WORKER_CONFIG, trust_coordinator
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parents[1]
@@ -40,6 +42,8 @@ OPS_APPENDFSYNC = next(
 )
 # Addresses of the veth pairs: 198.18.0.0/15 is reserved for network benchmark tests (RFC 2544).
 NETNS_SUBNET = "198.18.{index}.{host}"
+# Command modes the test lab hosts' own configuration allows (worker.toml): the fleet tests'.
+ALLOWED_COMMAND_MODES = ("slow", "flaky", "always-fails", "absent")
 
 T = TypeVar("T")
 
@@ -265,6 +269,12 @@ class LabHost:
     def __post_init__(self) -> None:
         self.work_root.mkdir(parents=True, exist_ok=True)
         self.key = HostKey.load_or_create(self.home / "host.key", name=self.name)
+        modes = ", ".join(f'"{m}"' for m in ALLOWED_COMMAND_MODES)
+        (self.home / WORKER_CONFIG).write_text(f"{ALLOW_KEY} = [{modes}]\n")
+
+    def trust(self, coordinator: CoordinatorKey) -> None:
+        """Install ``coordinator``'s public key as the one this host's worker trusts."""
+        trust_coordinator(coordinator.public_b64(), self.home, replace=True)
 
 
 class Fleet:
@@ -279,10 +289,13 @@ class Fleet:
         self.coordinator_home = root / "coordinator-home"
         self.logs = root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
+        # the coordinator's key (signs specs, links, heads), trusted by its registry and hosts
+        self.coordinator_key = own_coordinator_key(self.coordinator_home / COORDINATOR_KEY_FILE)
         self.hosts: dict[str, LabHost] = {}
         for i, name in enumerate(host_names, start=1):
             ns = NetNs(f"{netns_prefix}-{name}", 200 + i) if netns_prefix else None
             self.hosts[name] = LabHost(name, root / f"home-{name}", root / f"work-{name}", ns)
+            self.hosts[name].trust(self.coordinator_key)
         for host in self.hosts.values():
             if host.netns:
                 host.netns.create()
@@ -472,6 +485,11 @@ def wait_finished(fleet: Fleet, campaign: str, timeout: float = CAMPAIGN_BOUND_S
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{status(fleet, campaign)}\n{fleet.logs_text()}") from None
     return status(fleet, campaign)
+
+
+def store_of(fleet: Fleet) -> Store:
+    """The fleet's store as the coordinator writes it (signed with the coordinator's key)."""
+    return Store(fleet.data, signer=fleet.coordinator_key)
 
 
 def records_of(fleet: Fleet, campaign: str, host: str) -> list[EnvironmentRecord]:

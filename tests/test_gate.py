@@ -1,4 +1,5 @@
-"""The gate: admission, preflight verdicts per campaign, the rule, harness errors, signing."""
+"""The gate: admission (host, signed spec, allowlist), preflight verdicts per campaign, the rule,
+harness errors, signing."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ import pytest
 from coordinator.registry import HostRegistry
 from tasks.errors import SpecRefused
 from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, EnvironmentSpec
-from tasks.signing import HostKey, verify_record
+from tasks.signing import CoordinatorKey, HostKey, verify_record
+from tasks.spec_signing import sign_spec
+from worker.config import Allowlist
 from worker.gate import HostState, RecordedFailures, run_planned
 
 HOST = "lab-a"
+COORDINATOR = CoordinatorKey.generate()
 
 
 def _spec(work_root: Path, **fields: object) -> EnvironmentSpec:
@@ -24,7 +28,12 @@ def _spec(work_root: Path, **fields: object) -> EnvironmentSpec:
         scale=0.02, rounds=1, limit_s=30, work_root=str(work_root / "planned"),
     )  # fmt: skip
     values.update(fields)
-    return EnvironmentSpec.model_validate(values)
+    return sign_spec(EnvironmentSpec.model_validate(values), COORDINATOR)
+
+
+def _resigned(spec: EnvironmentSpec, **fields: object) -> EnvironmentSpec:
+    """``spec`` with ``fields`` changed, signed again by the coordinator."""
+    return sign_spec(spec.model_copy(update=fields), COORDINATOR)
 
 
 @pytest.fixture
@@ -32,7 +41,7 @@ def host(tmp_path: Path) -> HostState:
     """This host's state with a fresh key and a private work root."""
     root = tmp_path / "work"
     root.mkdir()
-    return HostState(HostKey.generate(HOST), root)
+    return HostState(HostKey.generate(HOST), root, coordinator=COORDINATOR.public_b64())
 
 
 def test_a_spec_for_another_host_is_refused_before_it_runs(host: HostState) -> None:
@@ -41,6 +50,46 @@ def test_a_spec_for_another_host_is_refused_before_it_runs(host: HostState) -> N
     with pytest.raises(SpecRefused, match="is for host lab-b, this is lab-a"):
         run_planned(spec, host, RecordedFailures())
     assert list(host.work_root.iterdir()) == []
+
+
+def test_unsigned_forged_and_foreign_specs_are_refused_before_anything_runs(
+    host: HostState, tmp_path: Path
+) -> None:
+    """An unsigned spec, one changed after signing and one signed by another key: refused."""
+    marker = tmp_path / "ran"
+    options = {"template": f"touch {marker}; exec {{payload_argv}}"}
+    signed = _spec(host.work_root, mode="sneaky", mode_options=options)
+    unsigned = signed.model_copy(update={"spec_signature": None, "coordinator_key": None})
+    changed = _spec(host.work_root).model_copy(update={"mode": "sneaky", "mode_options": options})
+    foreign = sign_spec(unsigned, CoordinatorKey.generate())
+    for spec, reason in ((unsigned, "not signed"), (changed, "bad spec signature"),
+                         (foreign, "this worker trusts only")):  # fmt: skip
+        with pytest.raises(SpecRefused, match=reason):
+            run_planned(spec, host, RecordedFailures())
+    untrusting = HostState(host.key, host.work_root)
+    with pytest.raises(SpecRefused, match="trusts no coordinator key"):
+        run_planned(signed, untrusting, RecordedFailures())
+    assert not marker.exists() and list(host.work_root.iterdir()) == []
+
+
+def test_a_fleet_worker_runs_only_the_command_modes_its_own_file_allows(
+    host: HostState, tmp_path: Path
+) -> None:
+    """A signed command mode the worker's allowlist lacks is preflight failed; allowed, it runs."""
+    marker = tmp_path / "ran"
+    options = {"template": f"touch {marker}; exec {{payload_argv}}"}
+    config = tmp_path / "worker.toml"
+    host.allowlist = lambda: Allowlist(config, frozenset({"other"}))
+    record = run_planned(_spec(host.work_root, mode="wrapped", mode_options=options), host,
+                         RecordedFailures())  # fmt: skip
+    assert record is not None and record.outcome == "not-run" and record.reason is not None
+    assert f'add the line allowed_command_modes = ["other", "wrapped"] to {config}' in record.reason
+    assert not marker.exists()
+    host.allowlist = lambda: Allowlist(config, frozenset({"wrapped"}))
+    again = _spec(host.work_root, mode="wrapped", mode_options=options, campaign="c-20261201-0c0c")
+    record = run_planned(again, host, RecordedFailures())
+    assert record is not None and record.outcome == "passed", record.detail
+    assert marker.exists()
 
 
 def test_a_passed_record_is_signed_and_ran_under_the_hosts_work_root(
@@ -65,9 +114,9 @@ def test_preflight_is_asked_once_per_campaign_and_mode(host: HostState, tmp_path
     assert record.outcome == "not-run" and record.reason.startswith(NOT_RUN_PREFLIGHT_PREFIX)
     runtime.write_text('#!/bin/sh\nexec "$@"\n')
     runtime.chmod(runtime.stat().st_mode | stat.S_IXUSR)
-    again = run_planned(first.model_copy(update={"env_index": 1}), host, RecordedFailures())
+    again = run_planned(_resigned(first, env_index=1), host, RecordedFailures())
     assert again is not None and again.outcome == "not-run"  # the campaign's verdict holds
-    later = run_planned(first.model_copy(update={"campaign": "c-20261201-0b0b"}), host,
+    later = run_planned(_resigned(first, campaign="c-20261201-0b0b"), host,
                         RecordedFailures())  # fmt: skip
     assert later is not None and later.outcome == "passed", later.detail
     assert len(host.verdicts) == 2

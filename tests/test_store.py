@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.chain import genesis
 from coordinator.store import Store
 from tasks.errors import StoreError
 from tasks.records import EnvironmentRecord, EnvironmentSpec
+from tasks.signing import CoordinatorKey, sha256_hex
 
 CID = "c-20261129-ab12"
+SIGNER = CoordinatorKey.generate()  # the store signs campaign.json and every record link
 
 
 def _specs(n: int = 4, host: str = "lab-a") -> list[EnvironmentSpec]:
@@ -32,13 +35,13 @@ def _specs(n: int = 4, host: str = "lab-a") -> list[EnvironmentSpec]:
 
 
 def _store(tmp_path: Path) -> Store:
-    store = Store(tmp_path / "data")
+    store = Store(tmp_path / "data", signer=SIGNER)
     store.create_campaign("name = 'x'\n", {"name": "x"}, _specs() + _specs(2, "lab-b"))
     return store
 
 
 def _append_many(data: str, start: int) -> None:
-    store = Store(data)
+    store = Store(data, signer=SIGNER)
     for i in range(40):
         spec = EnvironmentSpec(
             campaign=CID,
@@ -73,7 +76,7 @@ def test_append_is_idempotent_and_append_only(tmp_path: Path) -> None:
     spec = _specs()[1]
     rec = EnvironmentRecord.from_spec(spec, outcome="passed", ready_ms=3.0)
     assert store.append_record(rec) is True
-    assert Store(tmp_path / "data").append_record(rec) is False  # fresh process view
+    assert Store(tmp_path / "data", signer=SIGNER).append_record(rec) is False  # fresh process view
     assert store.append_record(rec.model_copy(update={"ready_ms": 4.0})) is False
     assert store.append_record(rec.model_copy(update={"attempt": 2})) is True
     lines = store.records_path(CID, "lab-a").read_text().splitlines()
@@ -83,7 +86,7 @@ def test_append_is_idempotent_and_append_only(tmp_path: Path) -> None:
 
 
 def test_concurrent_appenders_store_each_key_once(tmp_path: Path) -> None:
-    """Four processes appending overlapping keys leave exactly one line per key."""
+    """Four processes appending overlapping keys leave one line per key, in one hash chain."""
     store = _store(tmp_path)
     ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=_append_many, args=(str(store.root), s)) for s in (0, 10, 20, 30)]
@@ -94,6 +97,12 @@ def test_concurrent_appenders_store_each_key_once(tmp_path: Path) -> None:
         assert p.exitcode == 0
     keys = [r.key() for r in store.records(CID, "lab-a")]
     assert len(keys) == len(set(keys)) == 60
+    lines = store.log_lines(CID, "lab-a")
+    prev = genesis(CID, "lab-a")
+    for seq, line in enumerate(lines, start=1):  # one unbroken hash chain across the appenders
+        chain = json.loads(line)["chain"]
+        assert (chain["seq"], chain["prev"], chain["key_id"]) == (seq, prev, SIGNER.key_id)
+        prev = sha256_hex(line)
 
 
 def test_task_ids_provenance_and_reruns(tmp_path: Path) -> None:

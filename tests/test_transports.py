@@ -11,6 +11,7 @@ from coordinator.dispatch import dispatch_specs
 from coordinator.local import LocalExecutor
 from coordinator.plan import parse_plan
 from coordinator.policy import verify_campaign
+from coordinator.progress import finalize_host
 from coordinator.registry import HostRegistry
 from coordinator.store import Store
 from tasks.app import create_app
@@ -40,8 +41,10 @@ modes = [
 memory = "1GiB"
 """
 # Measured on each run, or signed per record: never equal between two runs of the same spec.
-MEASURED = ("started_at", "ready_ms", "cpu_s", "peak_memory_bytes", "signature")
-PER_TRANSPORT = ("fleet",)  # the fleet's own timing and redelivery counts
+MEASURED = ("started_at", "ready_ms", "cpu_s", "peak_memory_bytes", "wall_s", "phases",
+            "signature")  # fmt: skip
+# the fleet's own timing and redelivery counts; each store's link (its own chain and key)
+PER_TRANSPORT = ("fleet", "chain")
 
 
 def comparable(record: dict[str, Any]) -> dict[str, Any]:
@@ -55,11 +58,13 @@ def comparable(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_locally(fleet: Fleet, store: Store) -> None:
-    """Each host's environments through the embedded executor, with that host's key and root."""
+    """Each host's environments through the embedded executor, with that host's key and root,
+    each host finalized as ``sandbench run`` does."""
     for name in HOSTS:
         host = fleet.hosts[name]
         result = LocalExecutor(store, CAMPAIGN, host.key, host.work_root).run(show_progress=False)
         assert result.complete, result
+        finalize_host(store, CAMPAIGN, name)
 
 
 def verdicts(store: Store, host: str) -> dict[str, bool] | None:
@@ -82,12 +87,12 @@ def test_local_and_fleet_records_are_identical_but_for_timings(make_fleet: Any) 
     fleet.start_coordinator()
     plan = parse_plan(PLAN)
     specs = expand(plan, HOSTS, CAMPAIGN, str(fleet.root / "planned-work-root"))
-    local = Store(fleet.root / "local-data")
+    local = Store(fleet.root / "local-data", signer=fleet.coordinator_key)
     local.create_campaign(PLAN, plan, specs)
     run_locally(fleet, local)
     app = create_app(fleet.redis.url())
     try:
-        dispatch_specs(app, Store(fleet.data), PLAN, plan, specs)
+        dispatch_specs(app, Store(fleet.data, signer=fleet.coordinator_key), PLAN, plan, specs)
     finally:
         app.close()
     wait_finished(fleet, CAMPAIGN)
@@ -107,5 +112,6 @@ def test_local_and_fleet_records_are_identical_but_for_timings(make_fleet: Any) 
         assert fleet_modes == verdicts(local, name)
         assert fleet_modes == {"native": True, "always-fails": True, "absent": False}
     registry = HostRegistry(fleet.coordinator_home / "hosts.json")
-    assert verify_campaign(local, CAMPAIGN, registry) == []
-    assert verify_campaign(Store(fleet.data), CAMPAIGN, registry) == []
+    for store in (local, Store(fleet.data)):  # both sealed by finalize_host: verified
+        checked = verify_campaign(store, CAMPAIGN, registry)
+        assert checked.ok and checked.verdict.startswith("verified"), checked

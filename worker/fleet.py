@@ -1,6 +1,8 @@
 """A lab host's side of the fleet: the ``run_environment`` task and its bookkeeping in Redis.
 
-The task is a thin adapter around ``worker.gate.run_planned``: it claims the delivery (an
+The task is a thin adapter around ``worker.gate.run_planned``: a spec that is not signed by the
+coordinator key this host trusts (``worker.config``) is refused before anything else (the task
+fails with the reason, which Flower shows, and no record is made); it claims the delivery (an
 environment already handed over is a duplicate; one started before and lost runs again fresh),
 keeps the attempt's alive key beating while the gate runs, hands the signed record to the
 coordinator's ``store_record`` task by name, and sends this host's signed provenance (with the
@@ -33,9 +35,10 @@ from tasks.broker import (
     STARTED_KEY,
     redis_client,
 )
-from tasks.errors import FleetError
+from tasks.errors import FleetError, SpecRefused
 from tasks.records import EnvironmentSpec
 from tasks.signing import HostKey, canonical_json, default_key_path
+from worker.config import load_allowlist, trusted_coordinator
 from worker.gate import HostState, Span, admit, rule_applies, run_planned
 from worker.reaper import reap_if_left
 
@@ -67,8 +70,11 @@ def host_state(spec: EnvironmentSpec) -> HostState:
     slot = (name, str(work_root))
     if slot not in _HOSTS:
         key = HostKey.load_or_create(default_key_path(), name=name)
-        _HOSTS[slot] = HostState(key, work_root)
-    return _HOSTS[slot]
+        _HOSTS[slot] = HostState(key, work_root, allowlist=load_allowlist)
+    state = _HOSTS[slot]
+    if state.coordinator is None:  # installed since the last spec: trusted from now on
+        state.coordinator, state.coordinator_from = trusted_coordinator()
+    return state
 
 
 def cell_failed_key(spec: EnvironmentSpec) -> str:
@@ -154,7 +160,11 @@ def execute(client: redis.Redis, spec: EnvironmentSpec, sent_at: float | None) -
     A delivery of an environment already handed over gives ``{"duplicate": key}``.
     """
     host = host_state(spec)
-    admit(spec, host)
+    try:
+        admit(spec, host)
+    except SpecRefused as exc:
+        log.error("%s (nothing ran, no record)", exc)
+        raise
     received = time.time()
     lost_runs = claim_attempt(client, spec)
     if lost_runs is None:

@@ -1,8 +1,11 @@
 """The gate: one planned environment to one signed record, the same in both transports.
 
-``run_planned`` is all a transport calls. In order: the spec must be for this host; the mode's
-preflight verdict (asked once per campaign and mode on this host) must be ok, else the record is
-``not-run`` with reason ``preflight: <why>`` and nothing runs; no environment planned earlier in
+``run_planned`` is all a transport calls. In order: the spec must be for this host and signed
+by the coordinator key this host trusts (``admit``: anything else is refused before any of it
+runs, with ``SpecRefused`` and no record); the mode's preflight verdict (asked once per campaign
+and mode on this host) must be ok, else the record is ``not-run`` with reason
+``preflight: <why>`` and nothing runs (on a fleet worker a command mode's verdict is first the
+worker's own allowlist, ``worker.config``); no environment planned earlier in
 the cell (same attempt) may have failed, else it is ``not-run`` under the first-failure rule;
 then the runner, where a harness error becomes a failed record rather than a lost environment;
 a failure becomes evidence for the rule; the record is signed with the host key. A sentinel
@@ -34,7 +37,10 @@ from tasks.records import (
     failed_fields,
 )
 from tasks.signing import HostKey, sign_record
+from tasks.spec_signing import check_spec
+from worker.config import Allowlist
 from worker.modes import HostInfo, Preflight, get_mode
+from worker.modes.command import is_command_mode
 from worker.runner import run_environment
 
 log = logging.getLogger(__name__)
@@ -87,16 +93,21 @@ class RecordedFailures:
 
 
 VerdictHook = Callable[[EnvironmentSpec, Preflight], None]
+EMBEDDED_TRUST = "this machine's own coordinator key (the embedded run)"
 
 
 @dataclass
 class HostState:
-    """This host as the gate sees it: its key (and so its name), work root and mode verdicts."""
+    """This host as the gate sees it: its key (and so its name), work root, the coordinator key
+    it trusts, its allowlist of command modes and its mode verdicts."""
 
     key: HostKey
     work_root: Path
     on_verdict: VerdictHook | None = None  # told each new verdict (the provenance keeps them)
     verdicts: dict[tuple[str, str, str], Preflight] = field(default_factory=dict)
+    coordinator: str | None = None  # the trusted coordinator public key (base64)
+    coordinator_from: str = EMBEDDED_TRUST  # where that trust comes from, for messages
+    allowlist: Callable[[], Allowlist] | None = None  # None: the embedded run trusts its plan
 
     @property
     def name(self) -> str:
@@ -112,7 +123,8 @@ class HostState:
         options = json.dumps(spec.mode_options, sort_keys=True, default=str)
         slot = (spec.campaign, spec.mode, options)
         if slot not in self.verdicts:
-            self.verdicts[slot] = ask_preflight(spec, self.info())
+            allowed = self.allowlist() if self.allowlist is not None else None
+            self.verdicts[slot] = ask_preflight(spec, self.info(), allowed)
             if self.on_verdict is not None:
                 self.on_verdict(spec, self.verdicts[slot])
         return self.verdicts[slot]
@@ -128,8 +140,18 @@ def verdict_facts(verdict: Preflight) -> dict[str, Any]:
     return {"ok": verdict.ok, "reason": verdict.reason, **verdict.facts}
 
 
-def ask_preflight(spec: EnvironmentSpec, host: HostInfo) -> Preflight:
-    """The mode's own verdict; a mode that cannot load, or whose check raises, is not ok."""
+def ask_preflight(
+    spec: EnvironmentSpec, host: HostInfo, allowlist: Allowlist | None = None
+) -> Preflight:
+    """The mode's own verdict; a mode that cannot load, or whose check raises, is not ok.
+
+    With an ``allowlist`` (a fleet worker's), a command mode it does not name is not ok either,
+    whatever the spec says: its template never runs, not even its preflight.
+    """
+    if allowlist is not None and is_command_mode(spec.mode, spec.mode_options):
+        refusal = allowlist.refusal(spec.mode)
+        if refusal is not None:
+            return Preflight(False, refusal)
     try:
         return get_mode(spec.mode, spec.mode_options).preflight(host)
     except SandbenchError as exc:  # unknown mode, bad options: the message says what to fix
@@ -178,9 +200,10 @@ def run_planned(
 
 
 def admit(spec: EnvironmentSpec, host: HostState) -> None:
-    """Raise ``SpecRefused`` unless this host is the one ``spec`` was planned for."""
+    """Raise ``SpecRefused`` unless ``spec`` is for this host and signed by its coordinator."""
     if spec.host != host.name:
         raise SpecRefused(f"environment {spec.key()} is for host {spec.host}, this is {host.name}")
+    check_spec(spec, host.coordinator, host.coordinator_from)
 
 
 def not_run(spec: EnvironmentSpec, reason: str, detail: str | None = None) -> EnvironmentRecord:

@@ -28,15 +28,15 @@ from coordinator.plan import (
     missing_cpus,
     preset,
 )
-from coordinator.policy import verify_campaign
+from coordinator.policy import Verification, verify_campaign
 from coordinator.progress import finalize_host
-from coordinator.registry import HostRegistry
+from coordinator.registry import HostRegistry, own_coordinator_key
 from coordinator.report import TASK_UNIT, cell_table, startup_table, write_report
 from coordinator.report import Table as ReportTable
 from coordinator.store import Store
 from tasks.errors import PlanError
 from tasks.paths import DEFAULT_WORK_ROOT
-from tasks.signing import HostKey
+from tasks.signing import COORDINATOR_KEY_FILE, HostKey, default_coordinator_key_path
 
 EXIT_CHECK_FAILED = 1
 EXIT_INTERRUPTED = 130
@@ -138,8 +138,11 @@ def print_tables(analysis: Analysis, console: Console) -> None:
     help="Where environments' workspaces live.",
 )  # fmt: skip
 @click.option("--host-name", default=None, help="Name of this host (default: its key's name).")
-@click.option("--key", "key_path", type=click.Path(path_type=Path), default=None,
-              help="Host key (default $SANDBENCH_HOME/host.key; created if absent).")  # fmt: skip
+@click.option(
+    "--key", "key_path", type=click.Path(path_type=Path), default=None,
+    help="Host key (default $SANDBENCH_HOME/host.key; created if absent). The coordinator key "
+    "that signs the campaign is coordinator.key beside it.",
+)  # fmt: skip
 @REGISTRY_OPTION
 @click.option("--no-progress", is_flag=True, help="No live progress bar.")
 def run_command(
@@ -152,19 +155,23 @@ def run_command(
     if plan:  # it runs here: its CPUs must exist here (nothing is created before this)
         check_runs_here(plan[1], _source(plan_path, preset_name))
     key = HostKey.load_or_create(key_path, name=host_name)
-    store, err = Store(data_dir), Console(stderr=True)
+    registry = HostRegistry(registry_path)
+    signer_path = key_path.parent / COORDINATOR_KEY_FILE if key_path else None
+    signer = own_coordinator_key(signer_path or default_coordinator_key_path(), registry)
+    store, err = Store(data_dir, signer=signer), Console(stderr=True)
     for line in describe(plan[1]) if plan else [f"resuming campaign {resume_id}"]:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
     stop = threading.Event()
     with _stop_on_signals(stop, err):
         result = run_campaign(
             store, key, plan=plan, resume=resume_id, work_root=work_root,
-            registry=HostRegistry(registry_path), stop=stop, console=err,
-            show_progress=not no_progress,
+            registry=registry, stop=stop, console=err, show_progress=not no_progress,
         )  # fmt: skip
     out = Console(width=160) if not sys.stdout.isatty() else Console()
+    checked = None
     if result.complete:
-        problems, _ = verify_and_mark(store, result.campaign_id, HostRegistry(registry_path))
+        store.seal_host(result.campaign_id, key.name)  # finalize_host's seal, before the verify
+        checked = verify_and_mark(store, result.campaign_id, registry)
         paths = finalize_host(store, result.campaign_id, key.name).report  # shows the verdict
         if as_json:
             for record in store.records(result.campaign_id):
@@ -172,12 +179,15 @@ def run_command(
         else:
             print_tables(paths["analysis"], out)
             click.echo(f"report: {paths['html']}")
-        verdict = f"UNVERIFIED ({len(problems)} problems)" if problems else "verified"
-        click.echo(f"records: {verdict} (signatures and the first-failure rule)")
+        for problem in checked.problems:
+            click.echo(f"problem: {problem}")
+        click.echo(f"records: {checked.verdict}")
     click.echo(summary_line(result))
     click.echo(f"campaign: {result.campaign_id}")
     if not result.complete:
         sys.exit(EXIT_INTERRUPTED)
+    if checked is not None and not checked.ok:
+        sys.exit(EXIT_CHECK_FAILED)
 
 
 @click.command("report")
@@ -186,25 +196,23 @@ def run_command(
 @click.option("--quiet", is_flag=True, help="Print only the paths written.")
 def report_command(campaign_id: str, data_dir: Path, quiet: bool) -> None:
     """Rebuild results.csv, plots, report.md and report.html from the raw records."""
-    paths = write_report(Store(data_dir), campaign_id)
+    store = Store(data_dir)
+    paths = write_report(store, campaign_id)
     if not quiet:
         print_tables(
             paths["analysis"], Console(width=160) if not sys.stdout.isatty() else Console()
         )
     for p in [*paths["results"], paths["markdown"], paths["html"]]:
         click.echo(f"wrote {p}")
+    click.echo(f"records: {store.verification_status(campaign_id)}")
 
 
-def verify_and_mark(
-    store: Store, campaign_id: str, registry: HostRegistry
-) -> tuple[list[str], int]:
-    """Verify a campaign, store the verdict (the report shows it); problems and records checked."""
-    problems = verify_campaign(store, campaign_id, registry)
-    checked = sum(1 for _ in store.raw_lines(campaign_id))
+def verify_and_mark(store: Store, campaign_id: str, registry: HostRegistry) -> Verification:
+    """Verify a campaign and store the verdict with the digests of the bytes it checked."""
+    checked = verify_campaign(store, campaign_id, registry)
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    verdict = {"ok": not problems, "problems": problems, "records": checked, "checked_at": now}
-    store.write_verification(campaign_id, verdict)
-    return problems, checked
+    store.write_verification(campaign_id, checked.as_json(now))
+    return checked
 
 
 @click.command("verify")
@@ -212,17 +220,15 @@ def verify_and_mark(
 @DATA_OPTION
 @REGISTRY_OPTION
 def verify_command(campaign_id: str, data_dir: Path, registry_path: Path | None) -> None:
-    """Check every record's signature and re-derive the first-failure rule from the records."""
+    """Check the campaign's bytes (signatures, hash chains, heads, expansion), its completeness
+    and the first-failure rule; exit 1 unless verified."""
     store = Store(data_dir)
-    problems, checked = verify_and_mark(store, campaign_id, HostRegistry(registry_path))
-    for p in problems:
+    checked = verify_and_mark(store, campaign_id, HostRegistry(registry_path))
+    for p in checked.problems:
         click.echo(f"problem: {p}")
-    if problems:
-        click.echo(
-            f"campaign {campaign_id}: UNVERIFIED ({len(problems)} problems in {checked} records)"
-        )
+    click.echo(f"campaign {campaign_id}: {checked.verdict}")
+    if not checked.ok:
         sys.exit(EXIT_CHECK_FAILED)
-    click.echo(f"campaign {campaign_id}: verified ({checked} records, signatures and rule)")
 
 
 @click.group("plan")

@@ -87,6 +87,7 @@ def worker_cmd(host: str, broker: str | None, work_root: Path | None, loglevel: 
     """Run this host's Celery worker: its own queue only, one environment at a time."""
     from tasks.app import host_queue
     from tasks.signing import HostKey, default_key_path
+    from worker.config import trusted_coordinator
     from worker.fleet import HOST_ENV, WORK_ROOT_ENV, register_tasks
     from worker.hostcheck import require_quota
     from worker.presence import add_presence
@@ -97,6 +98,10 @@ def worker_cmd(host: str, broker: str | None, work_root: Path | None, loglevel: 
         f"host {host}: key {key.key_id} (register: sandbench hosts add {host} {key.public_b64()})",
         err=True,
     )
+    trusted, source = trusted_coordinator()
+    click.echo(f"host {host}: runs specs signed by coordinator key {source}" if trusted else
+               f"host {host}: WARNING: trusts no coordinator key ({source}): every spec will be "
+               "refused until 'sandbench host trust-coordinator FILE'", err=True)  # fmt: skip
     os.environ[HOST_ENV] = host
     if work_root is not None:
         work_root.mkdir(parents=True, exist_ok=True)
@@ -134,12 +139,16 @@ def _reap_at_start(work_root: Path) -> None:
         click.echo(f"reaper: {line}", err=True)
 
 
-@click.command("coordinator")
+@click.group("coordinator", invoke_without_command=True)
 @broker_option
 @data_option
 @click.option("--loglevel", default="INFO")
-def coordinator_cmd(broker: str | None, data: Path, loglevel: str) -> None:
-    """Run the coordinator: verify and store records, record lost runs, finalize hosts."""
+@click.pass_context
+def coordinator_cmd(ctx: click.Context, broker: str | None, data: Path, loglevel: str) -> None:
+    """Run the coordinator: verify and store records, record lost runs, finalize hosts
+    ('sandbench coordinator init' makes its key)."""
+    if ctx.invoked_subcommand is not None:
+        return
     from coordinator.fleet import DATA_ENV, Coordinator, register_tasks
     from tasks.app import COORDINATOR_QUEUE
 
@@ -243,5 +252,8 @@ def flower_cmd(broker: str | None, port: int, address: str) -> None:
 
 def register(main: click.Group) -> None:
     """Attach the fleet commands to ``main``."""
+    from coordinator.cli.host_keys import coordinator_init
+
+    coordinator_cmd.add_command(coordinator_init)
     for command in (dispatch_cmd, worker_cmd, coordinator_cmd, status_cmd, rerun_cmd, flower_cmd):
         main.add_command(command)

@@ -1,4 +1,5 @@
-"""``sandbench host init`` and ``sandbench hosts add|list``: host keys and the trusted registry."""
+"""Keys: ``host init``, ``hosts add|list`` (the trusted registry), ``coordinator init`` (the
+coordinator's own key) and ``host trust-coordinator`` (the one coordinator a worker obeys)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from pathlib import Path
 
 import click
 
-from coordinator.registry import HostRegistry
+from coordinator.registry import HostRegistry, own_coordinator_key
 from tasks.paths import DEFAULT_HOME, sandbench_home
-from tasks.signing import KEY_FILE, HostKey, fingerprint
+from tasks.signing import COORDINATOR_KEY_FILE, KEY_FILE, HostKey, fingerprint
+from worker.config import COORDINATOR_PUB, ETC_DIR, trust_coordinator
 
 REGISTRY_FILE = "hosts.json"
 PUBLIC_SUFFIX = ".pub"
@@ -49,10 +51,14 @@ def host_init(home: Path | None, name: str | None, quiet: bool, export_dir: Path
 
 def export_public_key(key: HostKey, directory: Path) -> Path:
     """Write ``key``'s public half alone to ``directory/NAME.pub`` (atomically); its path."""
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"{key.name}{PUBLIC_SUFFIX}"
+    return _export(key.public_b64(), directory / f"{key.name}{PUBLIC_SUFFIX}")
+
+
+def _export(public_b64: str, target: Path) -> Path:
+    """Write a public key alone to ``target`` (mode 0644, atomically); its path."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(key.public_b64() + "\n")
+    tmp.write_text(public_b64 + "\n")
     tmp.chmod(0o644)
     os.replace(tmp, target)
     return target
@@ -65,9 +71,19 @@ def export_public_key(key: HostKey, directory: Path) -> Path:
               help="Registry file (default $SANDBENCH_HOME/hosts.json).")  # fmt: skip
 @click.option("--replace", is_flag=True,
               help="Replace NAME's registered key (the old one stays on file).")  # fmt: skip
-def hosts_add(name: str, pubkey: str, registry_path: Path | None, replace: bool) -> None:
+@click.option("--coordinator", "is_coordinator", is_flag=True,
+              help="PUBKEY is a coordinator's key (NAME labels it): trust the campaigns it "
+                   "signed, e.g. to verify a campaign copied from it.")  # fmt: skip
+def hosts_add(
+    name: str, pubkey: str, registry_path: Path | None, replace: bool, is_coordinator: bool
+) -> None:
     """Trust host NAME's records signed with PUBKEY (base64, from 'sandbench host init')."""
     registry = HostRegistry(registry_path)
+    if is_coordinator:
+        added = registry.add_coordinator(pubkey, label=name)
+        state = "added" if added else "already registered"
+        click.echo(f"{state}: coordinator key {fingerprint(pubkey)} ({name}) in {registry.path}")
+        return
     old = registry.entries().get(name)
     if not registry.add(name, pubkey, replace=replace):
         click.echo(f"already registered: {name} in {registry.path}")
@@ -98,8 +114,49 @@ def hosts_list(registry_path: Path | None, as_json: bool) -> None:
         click.echo("no trusted hosts yet: 'sandbench host init' trusts this one")
 
 
+@click.command("init")
+@click.option(
+    "--home", type=click.Path(path_type=Path), default=None,
+    help=f"Directory of the key and registry (default $SANDBENCH_HOME or {DEFAULT_HOME}).",
+)  # fmt: skip
+@click.option(
+    "--export", "export_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help=f"Also write the public key (only) to EXPORT/{COORDINATOR_PUB}, for the workers.",
+)  # fmt: skip
+@click.option("--quiet", is_flag=True, help="Print nothing (for set-up scripts).")
+def coordinator_init(home: Path | None, export_dir: Path | None, quiet: bool) -> None:
+    """Create the coordinator's Ed25519 key if absent (idempotent) and trust it locally."""
+    path = (home or sandbench_home()) / COORDINATOR_KEY_FILE
+    existed = path.exists()
+    key = own_coordinator_key(path)
+    exported = _export(key.public_b64(), export_dir / COORDINATOR_PUB) if export_dir else None
+    if quiet:
+        return
+    click.echo(f"{'existing' if existed else 'new'} coordinator key {path}: id {key.key_id}")
+    if exported is not None:
+        click.echo(f"public key exported to {exported}")
+    click.echo("each lab host's worker must trust it (it runs only specs this key signed):")
+    click.echo(f"  ops/install.sh --role worker ... --coordinator-key {exported or 'FILE'}")
+    click.echo(f"  or: sandbench host trust-coordinator {key.public_b64()}")
+
+
+@click.command("trust-coordinator")
+@click.argument("pubkey")
+@click.option(
+    "--home", type=click.Path(path_type=Path), default=None,
+    help=f"Directory to trust it in (default $SANDBENCH_HOME; {ETC_DIR} is install.sh's).",
+)  # fmt: skip
+@click.option("--replace", is_flag=True, help="Replace a coordinator key trusted before.")
+def host_trust_coordinator(pubkey: str, home: Path | None, replace: bool) -> None:
+    """Make this lab host's worker run specs signed by coordinator key PUBKEY (or a file)."""
+    text = Path(pubkey).read_text().strip() if Path(pubkey).is_file() else pubkey
+    path = trust_coordinator(text, home or sandbench_home(), replace=replace)
+    click.echo(f"trusted: coordinator key {fingerprint(text)} in {path}")
+
+
 def register(host_group: click.Group, hosts_group: click.Group) -> None:
-    """Attach ``host init`` and ``hosts add|list``."""
+    """Attach ``host init``, ``host trust-coordinator`` and ``hosts add|list``."""
     host_group.add_command(host_init)
+    host_group.add_command(host_trust_coordinator)
     hosts_group.add_command(hosts_add)
     hosts_group.add_command(hosts_list)

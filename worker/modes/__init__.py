@@ -72,10 +72,10 @@ def _tool_name(command: str) -> str:
 
 def get_mode(name: str, options: dict[str, Any] | None = None) -> Mode:
     """The mode called ``name``; a ``command`` mode is built from ``options['template']``."""
-    options = options or {}
-    if options.get("template") is not None or name == "command":
-        from worker.modes.command import CommandMode
+    from worker.modes.command import CommandMode, is_command_mode
 
+    options = options or {}
+    if is_command_mode(name, options):
         return CommandMode(name, options)
     if name not in BUILTIN_MODES:
         import difflib

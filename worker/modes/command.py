@@ -17,6 +17,10 @@ Options (from the plan's mode table or ``--template``):
 * ``collect``: optional helper run once after the launcher exited, before the oracle looks at
   ``result_root`` (not timed): a runtime that works on a disk image copies its result out here.
 
+A command mode runs whatever its template says as the worker's user (root on a lab host), so a
+fleet worker runs one only if its own configuration allows the mode's name
+(``worker.config``); ``is_command_mode`` is the one test of what counts as one.
+
 ``template_problem`` says what is wrong with a template (empty, unbalanced braces, a
 placeholder that does not exist); the plan's validation and ``CommandMode`` both use it. A bare
 ``{name}`` always reads as a placeholder (``${name}`` is the shell's): write awk's ``{print}``
@@ -51,6 +55,11 @@ HELPER_TIMEOUT_S = 600.0
 SHELL_BUILTINS = ("cd", "set", "export", "ulimit", "umask", ".", "trap", "{", "(")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 Template = list[str] | str
+
+
+def is_command_mode(name: str, options: dict[str, Any]) -> bool:
+    """Whether mode ``name`` with ``options`` is a command mode (a template, or named so)."""
+    return options.get("template") is not None or name == "command"
 
 
 class CommandMode:

@@ -1,0 +1,146 @@
+"""One host's record log of one campaign: ``records.jsonl``, appended and chained by the store.
+
+The store is the log's one writer (appenders in several processes serialize on a lock file). It
+links each new line into the log's hash chain and signs the link with the coordinator key
+(``coordinator.chain``), and at finalization signs the log's head. What appending needs of the
+file (the keys stored, the line count, the last line's digest) is read incrementally: an append
+reads only what was written since the last one, never the whole file again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coordinator.chain import HEAD_FILE, Head, genesis, head_document, linked_line
+from tasks.records import EnvironmentRecord
+from tasks.signing import CoordinatorKey, sha256_hex
+
+RECORDS_FILE = "records.jsonl"
+RECORDS_LOCK = RECORDS_FILE + ".lock"
+LOST_FILE = "lost.jsonl"
+KEY_PARTS = ("campaign", "host", "mode", "workload", "env_index", "attempt")
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Replace ``path`` with ``data`` (text is UTF-8), synced, never half-written."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def line_key(line: bytes) -> str:
+    """Idempotency key of one stored record line (unparseable lines get a unique key)."""
+    try:
+        d = json.loads(line)
+        return "/".join(str(d[p]) for p in KEY_PARTS)
+    except (ValueError, KeyError, TypeError):
+        return f"<unparseable:{hash(line)}>"
+
+
+@dataclass
+class HostLog:
+    """The records file of one host in one campaign, as far as it has been read."""
+
+    campaign: str
+    host: str
+    path: Path
+    offset: int = 0
+    keys: set[str] = field(default_factory=set)
+    count: int = 0  # complete lines
+    last: str | None = None  # digest of the last complete line
+
+    def refresh(self) -> None:
+        """Read what was appended since the last look (start over if the file shrank)."""
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if size < self.offset:  # replaced behind our back: start over
+            self.offset, self.keys, self.count, self.last = 0, set(), 0, None
+        if size == self.offset:
+            return
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read(size - self.offset)
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits
+        for line in complete.split(b"\n")[:-1]:
+            self.keys.add(line_key(line))
+            self.count += 1
+            self.last = sha256_hex(line)
+        self.offset += len(complete)
+
+    def append(
+        self,
+        records: list[EnvironmentRecord],
+        signer: CoordinatorKey,
+        objects: list[dict[str, Any]] | None = None,
+    ) -> int:
+        """Append, linked and signed, every record whose key is absent; how many were.
+
+        ``objects`` are the records' JSON objects as their hosts signed them (from the wire):
+        stored as they are, so the stored bytes are what the host signed.
+        """
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(RECORDS_LOCK), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.refresh()
+            last = self.last or genesis(self.campaign, self.host)
+            lines: list[bytes] = []
+            keys: set[str] = set()
+            for i, r in enumerate(records):
+                if r.key() in self.keys or r.key() in keys:
+                    continue
+                data = objects[i] if objects is not None else r.to_json_dict()
+                lines.append(linked_line(data, self.count + len(lines) + 1, last, signer))
+                keys.add(r.key())
+                last = sha256_hex(lines[-1])
+            if lines:
+                with open(self.path, "ab") as f:
+                    f.write(b"\n".join(lines) + b"\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                self.offset = self.path.stat().st_size  # the lock held: only these lines came
+                self.keys |= keys
+                self.count, self.last = self.count + len(lines), last
+        return len(lines)
+
+    def _head_now(self) -> tuple[int, str | None]:
+        """Complete lines and the last one's digest: from the index if read before, else by
+        counting newlines (no record parsed; a cold coordinator finalizes a big log fast)."""
+        if self.offset:
+            self.refresh()
+            return self.count, self.last
+        data = self.path.read_bytes() if self.path.exists() else b""
+        complete = data[: data.rfind(b"\n") + 1]
+        count = complete.count(b"\n")
+        return count, sha256_hex(complete[:-1].rsplit(b"\n", 1)[-1]) if count else None
+
+    def seal(self, signer: CoordinatorKey) -> Path:
+        """Sign the log's head (line count, last digest, lost marks): finalization's seal."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(RECORDS_LOCK), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            count, last = self._head_now()
+            lost = self.path.with_name(LOST_FILE)
+            head = Head(self.campaign, self.host, count, last or genesis(self.campaign, self.host),
+                        file_digest(lost) if lost.exists() else None)  # fmt: skip
+            doc = head_document(head, signer)
+            target = self.path.with_name(HEAD_FILE)
+            if not target.exists() or target.read_bytes() != doc:  # equal heads: equal bytes
+                write_atomic(target, doc)
+        return target

@@ -1,0 +1,276 @@
+"""What ``verify`` checks in the bytes of a campaign: the signed expansion, each host's log, heads.
+
+Every check reads the files as stored. A record line must be canonical JSON that round-trips
+byte for byte; its host signature and the coordinator's chain link are checked over bytes
+derived from that very line. The structure of a host's log (sequence numbers and the digest
+of the previous line) tells a removed, reordered, duplicated or replaced line; the signed head
+tells a removed tail. Each problem is one line naming the environment where one is known.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from coordinator.chain import (
+    EXPANSION_SIG_FILE,
+    HEAD_FILE,
+    SIGNED_FILES,
+    genesis,
+    link_payload,
+    parse_line,
+    record_bytes,
+    signed_body,
+)
+from coordinator.hostlog import LOST_FILE, file_digest
+from coordinator.registry import HostRegistry
+from tasks.errors import HostKeyError, RecordRejected
+from tasks.records import SCHEMA_VERSION, EnvironmentRecord
+from tasks.signing import (
+    COORDINATOR_SIGNER,
+    record_key,
+    sha256_hex,
+    signature_ok,
+    verify_record_data,
+)
+
+IDENTITY_RE = {
+    name: re.compile(rf'"{name}":\s*("?)([^",}}]*)\1')
+    for name in ("campaign", "host", "mode", "workload", "env_index", "attempt")
+}
+
+
+def identity(raw: bytes) -> str:
+    """Best-effort environment key of a record line that no longer parses."""
+    text = raw.decode("utf-8", errors="replace")
+    parts = []
+    for rx in IDENTITY_RE.values():
+        m = rx.search(text)
+        parts.append(m.group(2) if m else "?")
+    return "/".join(parts)
+
+
+def coordinator_signed(doc: dict[str, Any], data: bytes, registry: HostRegistry) -> str | None:
+    """Why ``doc``'s ``key_id``/``ed25519`` is not a trusted coordinator's signature of ``data``."""
+    signer, _, print_ = str(doc.get("key_id", "")).partition(":")
+    public = registry.coordinator_key(print_) if signer == COORDINATOR_SIGNER else None
+    if public is None:
+        return (f"signed by {doc.get('key_id')!r}, not a coordinator key {registry.path} trusts "
+                "(register it with 'sandbench hosts add --coordinator NAME PUBKEY')")  # fmt: skip
+    if not signature_ok(public, doc.get("ed25519"), data):
+        return "bad coordinator signature (changed after signing)"
+    return None
+
+
+def check_expansion(cdir: Path, registry: HostRegistry) -> list[str]:
+    """Problems of the signed expansion: campaign.sig against campaign.json and plan.toml."""
+    sig = cdir / EXPANSION_SIG_FILE
+    if not sig.exists():
+        return [
+            f"{EXPANSION_SIG_FILE}: missing: campaign.json and plan.toml are not signed by "
+            "a coordinator key (a campaign stored before schema 4, or the file was removed)"
+        ]
+    try:
+        doc = json.loads(sig.read_bytes())
+        files = dict(doc["files"])
+    except (ValueError, KeyError, TypeError):
+        return [f"{EXPANSION_SIG_FILE}: not a signature document (edited)"]
+    why = coordinator_signed(doc, signed_body(doc), registry)
+    if why:
+        return [f"{EXPANSION_SIG_FILE}: {why}"]
+    if doc.get("campaign") != cdir.name:
+        return [f"{EXPANSION_SIG_FILE}: signs campaign {doc.get('campaign')!r}, not {cdir.name}"]
+    problems = []
+    for name in SIGNED_FILES:
+        path = cdir / name
+        actual = file_digest(path) if path.exists() else None
+        if actual != files.get(name):
+            what = "missing" if actual is None else "changed after the coordinator signed it"
+            problems.append(f"{name}: {what} (its signed SHA-256 is {files.get(name)}, "
+                            f"now {actual}; {EXPANSION_SIG_FILE})")  # fmt: skip
+    return problems
+
+
+@dataclass
+class Line:
+    """One line of a host's log as ``verify`` sees it."""
+
+    pos: int
+    raw: bytes
+    key: str
+    digest: str
+    seq: int | None = None  # its coordinator-signed sequence number, if the link verified
+    prev: str | None = None
+    sound: bool = False  # content checks passed (the record is the host's, unchanged)
+    duplicate: bool = False  # a byte-for-byte copy of an earlier line
+
+
+@dataclass
+class LogCheck:
+    """What one host's log holds: its sound records and its problems."""
+
+    host: str
+    lines: list[Line] = field(default_factory=list)
+    records: list[EnvironmentRecord] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    old_schema: list[Line] = field(default_factory=list)
+
+    def present(self) -> set[str]:
+        """Environment keys of every line that names one (sound or not)."""
+        return {line.key for line in self.lines}
+
+
+def _content_problem(
+    data: dict[str, Any], raw: bytes, campaign: str, host: str, registry: HostRegistry
+) -> str | None:
+    """Why a parsed line is not its host's unchanged record of this campaign, if it is not."""
+    if data.get("campaign") != campaign:
+        return (f"belongs to campaign {data.get('campaign')!r}, not {campaign!r} (a record "
+                "replayed from another campaign)")  # fmt: skip
+    if data.get("host") != host:
+        return f"a record of host {data.get('host')!r} stored under host {host!r}"
+    try:
+        EnvironmentRecord.model_validate_json(raw, strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        return f"not a valid record: {loc}: {err['msg']}"
+    try:
+        verify_record_data(data, registry, campaign=campaign)
+    except (RecordRejected, HostKeyError) as exc:
+        return str(exc).split(": ", 1)[-1]
+    return None
+
+
+def _link(data: dict[str, Any], campaign: str, host: str, registry: HostRegistry) -> str | None:
+    """Why the line's chain link is not the coordinator's link for this log, if it is not."""
+    chain = data.get("chain")
+    if not isinstance(chain, dict) or not isinstance(chain.get("seq"), int):
+        return "no chain link (not appended by the store)"
+    payload = link_payload(campaign, host, chain["seq"], str(chain.get("prev")),
+                           sha256_hex(record_bytes(data)))  # fmt: skip
+    why = coordinator_signed(chain, payload, registry)
+    if why:
+        return (
+            f"chain link does not verify for this campaign and host ({why}): forged, or "
+            "copied from another campaign's or host's log"
+        )
+    return None
+
+
+def check_lines(campaign: str, host: str, raws: list[bytes], registry: HostRegistry) -> LogCheck:
+    """Each line's own checks (bytes, schema, host signature, chain link), then the structure."""
+    out = LogCheck(host)
+    seen: dict[str, int] = {}  # line digest -> first position
+    for pos, raw in enumerate(raws, start=1):
+        where = f"hosts/{host}/records.jsonl line {pos}"
+        line = Line(pos, raw, identity(raw), sha256_hex(raw))
+        out.lines.append(line)
+        data, why = parse_line(raw)
+        if data is None:
+            out.problems.append(f"{line.key}: {where}: not a valid record: {why}")
+            continue
+        line.key = record_key(data)
+        if data.get("schema") != SCHEMA_VERSION:
+            out.old_schema.append(line)
+            continue
+        if line.digest in seen:
+            out.problems.append(f"{line.key}: {where}: duplicate of line {seen[line.digest]}")
+            line.duplicate = True
+            continue
+        seen[line.digest] = pos
+        problem = _content_problem(data, raw, campaign, host, registry)
+        link = _link(data, campaign, host, registry)
+        if problem and problem.startswith("not a valid record"):
+            out.problems.append(f"{line.key}: {where}: {problem}")
+        elif problem or link:
+            out.problems.append(f"{line.key}: {problem or link} ({where})")
+        if not link:
+            line.seq, line.prev = data["chain"]["seq"], str(data["chain"]["prev"])
+        if not problem:
+            line.sound = True
+            out.records.append(EnvironmentRecord.model_validate(data))
+    out.problems += _structure(out, campaign)
+    out.problems += _old_schema(out)
+    return out
+
+
+def _structure(log: LogCheck, campaign: str) -> list[str]:
+    """Removed, reordered and replaced lines, from sequence numbers and previous digests."""
+    problems: list[str] = []
+    later = {line.seq: line.pos for line in log.lines if line.seq is not None}
+    last_seq, prev_digest, prev_ok = 0, genesis(campaign, log.host), True
+    for line in log.lines:
+        where = f"{line.key}: hosts/{log.host}/records.jsonl line {line.pos}"
+        if line.duplicate:  # reported; the line after it links to the same bytes
+            continue
+        if line.seq is None:  # its own problem is reported; it still takes a place
+            last_seq, prev_digest, prev_ok = last_seq + 1, line.digest, False
+            continue
+        ok = True
+        if line.seq <= last_seq:
+            problems.append(f"{where}: out of order (seq {line.seq} after seq {last_seq}): "
+                            "reordered or moved")  # fmt: skip
+            ok = False
+        elif line.seq > last_seq + 1:
+            gap = range(last_seq + 1, line.seq)
+            if any(later.get(s, 0) > line.pos for s in gap):
+                problems.append(f"{where}: out of order (seq {line.seq} before seq "
+                                f"{gap[0]}): reordered")  # fmt: skip
+            else:
+                problems.append(f"{where}: {len(gap)} record(s) missing before it "
+                                f"(seq {gap[0]}-{gap[-1]} removed)")  # fmt: skip
+            ok = False
+        elif line.prev != prev_digest and prev_ok:
+            problems.append(f"{where}: does not follow line {line.pos - 1} (the line before it "
+                            "was replaced or edited)")  # fmt: skip
+            ok = False
+        last_seq = max(last_seq, line.seq)
+        prev_digest, prev_ok = line.digest, ok and line.sound
+    return problems
+
+
+def _old_schema(log: LogCheck) -> list[str]:
+    """One problem for every record of an older schema in the log."""
+    if not log.old_schema:
+        return []
+    first = log.old_schema[0]
+    return [f"{first.key}: hosts/{log.host}/records.jsonl: {len(log.old_schema)} record(s) of "
+            f"an older schema than {SCHEMA_VERSION} (first: line {first.pos}), written before "
+            "hash chains and raw-bytes signatures: they cannot be verified under the current "
+            "rules"]  # fmt: skip
+
+
+def check_head(cdir: Path, log: LogCheck, registry: HostRegistry) -> tuple[list[str], bool]:
+    """Problems of a host's signed head, and whether it seals the log as it stands."""
+    hdir = cdir / "hosts" / log.host
+    path = hdir / HEAD_FILE
+    if not path.exists():
+        return [], False
+    name = f"hosts/{log.host}/{HEAD_FILE}"
+    try:
+        doc = json.loads(path.read_bytes())
+        count, last = int(doc["count"]), str(doc["last"])
+    except (ValueError, KeyError, TypeError):
+        return [f"{name}: not a head document (edited)"], False
+    why = coordinator_signed(doc, signed_body(doc), registry)
+    if why or (doc.get("campaign"), doc.get("host")) != (cdir.name, log.host):
+        return [f"{name}: {why or 'the head of another campaign or host'}"], False
+    have = len(log.lines)
+    if count > have:
+        return [f"{name}: removed tail: the log was finalized with {count} records and has "
+                f"{have} (the last {count - have} removed)"], False  # fmt: skip
+    final = log.lines[count - 1] if count else None
+    if (final.digest if final else genesis(cdir.name, log.host)) != last:
+        key = final.key if final else "?"
+        return [f"{key}: {name}: line {count} is not the line the log was finalized with "
+                "(replaced after finalization)"], False  # fmt: skip
+    lost = hdir / LOST_FILE
+    if (file_digest(lost) if lost.exists() else None) != doc.get("lost"):
+        return [f"hosts/{log.host}/{LOST_FILE}: changed after finalization"], False
+    return [], count == have
