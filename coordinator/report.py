@@ -218,14 +218,7 @@ def campaign_blocks(
 ) -> list[Block]:
     """Every section of the report, host by host."""
     plan = campaign.plan
-    verified = store.verification(campaign.id)
-    status = "not verified yet (run 'sandbench verify')"
-    if verified is not None:
-        status = (
-            "verified"
-            if verified.get("ok")
-            else f"UNVERIFIED: {len(verified.get('problems', []))} problems"
-        )
+    status = store.verification_status(campaign.id)  # the last verify's, if of these bytes
     blocks: list[Block] = [
         ("h1", f"sandbench campaign {campaign.id}"),
         ("p", f"Plan '{plan.get('name')}', cohort {plan.get('cohort')}, seed {plan.get('seed')}, "
