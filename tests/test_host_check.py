@@ -1,0 +1,113 @@
+"""sandbench host check on this host: every line named, ok or failed with the fix that mends it.
+
+The v2 side (cgroup v2 with the controllers enabled down to a delegated service, the worker
+refusing to start) runs inside the v2 host: tests/v2guest_quota.py through tests/test_v2host.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.records import Quota
+from tests.conftest import REPO, require
+from worker import hostcheck, hostcheck_tools
+from worker import quota as cgroups
+from worker.vm import accel, guest
+
+NAMES = [
+    "cgroup-version", "controllers", "delegation", "swap-accounting", "quota-cpus",
+    "quota-memory", "quota-applies", "bubblewrap", "user-namespaces", "overlayfs", "dockerd",
+    "kvm", "disk-space", "signing-key",
+]  # fmt: skip
+
+
+def host_check(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``sandbench host check ARGS`` as a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "coordinator", "host", "check", *args], cwd=REPO,
+        env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+
+
+def kvm_reason() -> str | None:
+    """Why KVM is unusable here (the probe's reason), or None where it works."""
+    prepared = guest.load_guest()
+    require(guest.guest_problem(prepared) is None, f"prepared guest in {guest.vm_home()}")
+    assert prepared is not None
+    return accel.kvm_problem(prepared)
+
+
+def test_here_every_line_passes_but_kvm() -> None:
+    """Here the check names every line, says cgroup v1, fails only KVM with the probe's reason and
+    how to probe again, and exits 1 for it (0 where KVM works)."""
+    require(cgroups.detect() == 1, "a cgroup v1 host (this machine)")
+    reason = kvm_reason()
+    proc = host_check("--json")
+    doc = json.loads(proc.stdout)
+    lines = {line["name"]: line for line in doc["checks"]}
+    assert [line["name"] for line in doc["checks"]] == NAMES
+    assert lines["cgroup-version"]["detail"].startswith("cgroup v1")
+    assert lines["delegation"]["detail"].startswith("not needed on cgroup v1")
+    assert "memory.memsw.limit_in_bytes" in lines["swap-accounting"]["detail"]
+    assert "cpuset.cpus 0-1" in lines["quota-applies"]["detail"]
+    failed = {name for name, line in lines.items() if not line["ok"]}
+    if reason is None:
+        assert failed == set() and proc.returncode == 0, lines
+        return
+    assert failed == {"kvm"}, {name: lines[name] for name in failed}
+    assert doc["failed"] == ["kvm"] and not doc["ok"] and proc.returncode == 1
+    assert reason in lines["kvm"]["detail"] and "fall back to TCG" in lines["kvm"]["detail"]
+    assert "sandbench vm prepare" in lines["kvm"]["fix"] and accel.CACHE_FILE in lines["kvm"]["fix"]
+    assert all(line["fix"] is None for line in doc["checks"] if line["ok"])
+
+
+def test_text_output_puts_the_fix_under_a_failed_line(tmp_path: Path) -> None:
+    """Without --json each line reads ok or FAIL with its name; a failed one has its fix below,
+    and the last line counts them (a fresh home: no key, no prepared guest)."""
+    proc = host_check(env={"SANDBENCH_HOME": str(tmp_path)})
+    out = proc.stdout.splitlines()
+    assert proc.returncode == 1, proc.stderr
+    key_line = next(i for i, line in enumerate(out) if line.split()[1:2] == ["signing-key"])
+    assert out[key_line].startswith("FAIL") and f"no host key at {tmp_path}" in out[key_line]
+    assert out[key_line + 1].strip() == "fix: sandbench host init"
+    assert out[-1].startswith("host check: ") and "signing-key" in out[-1]
+    assert {line.split()[1] for line in out[:-1] if line[:2] in ("ok", "FA")} == set(NAMES)
+
+
+def test_a_quota_this_host_cannot_apply_names_its_fix() -> None:
+    """A quota naming CPUs this host lacks, or more memory than it has, fails those lines with
+    what to change, and the worker's start check refuses it naming them."""
+    online = (hostcheck.CPU_SYSFS / "online").read_text().strip()
+    quota = Quota(cpus="0-511", cpu_quota=1.0, memory_bytes=1 << 50)
+    lines = {line.name: line for line in hostcheck.quota_checks(quota)}
+    assert not lines["quota-cpus"].ok and "do not exist" in lines["quota-cpus"].detail
+    assert f"online here: {online}" in lines["quota-cpus"].fix
+    assert not lines["quota-memory"].ok and "smaller quota.memory" in lines["quota-memory"].fix
+    assert not lines["quota-applies"].ok and "cpuset.cpus" in lines["quota-applies"].detail
+    assert lines["controllers"].ok and lines["cgroup-version"].ok
+    with pytest.raises(hostcheck.HostCheckFailed, match="quota-cpus: .*fix: give the plan"):
+        hostcheck.require_quota(quota)
+    assert hostcheck.require_quota(Quota())  # the default quota applies here
+
+
+def test_a_small_work_root_fails_disk_space(tmp_path: Path) -> None:
+    """A work root on a 64 MiB tmpfs fails the disk-space line, naming --work-root, while
+    overlayfs still mounts there."""
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)],
+                             capture_output=True, text=True, check=False)  # fmt: skip
+    require(mounted.returncode == 0, f"mounting a tmpfs (root): {mounted.stderr.strip()}")
+    try:
+        disk = hostcheck_tools.disk_check(small / "work")
+        overlay = hostcheck_tools.overlayfs_check(small / "work")
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    assert not disk.ok and "tmpfs" in disk.detail and "--work-root DIR" in disk.fix
+    assert overlay.ok, overlay.detail
