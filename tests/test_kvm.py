@@ -7,15 +7,16 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tasks.records import EnvironmentSpec
 from tests.conftest import require
-from worker import hostinfo
+from worker import hostinfo, provenance
 from worker.modes import get_mode
-from worker.modes.base import HostInfo
+from worker.modes.base import EnvContext, HostInfo
 from worker.runner import run_environment
 from worker.vm import accel, guest, qemu
 
@@ -87,9 +88,43 @@ def test_fallback_reason_in_status_and_provenance(fresh_home: guest.Guest) -> No
     status = json.loads(out)
     facts = hostinfo.accelerator()
     assert status["accel"] == facts["accel"] == verdict["accel"]
+    collected = provenance.collect("local", Path("/var/tmp"), campaign="c-kvm", seed=0,
+                                   cohort="default", quota={})  # fmt: skip
+    assert collected["accelerator"] == facts  # what every host's provenance.json carries
     if verdict["accel"] == "kvm":
         assert status["kvm_unusable"] is None and facts["kvm_unusable"] is None
     else:
         reason = accel.fallback_reason(verdict)
         assert reason and status["kvm_unusable"] == facts["kvm_unusable"] == reason
         assert "kvm: no ready" in status["accel_probe"] or not os.path.exists("/dev/kvm")
+
+
+def test_the_probe_verdict_picks_the_qemu_accelerator(tmp_path: Path) -> None:
+    """A VM environment's QEMU runs with the probe's accelerator: -accel kvm -cpu host where
+    KVM reached Ready, multi-threaded TCG otherwise."""
+    require(qemu.qemu_binary() is not None, "qemu-system-x86_64 (ops/setup.sh)")
+    prepared = guest.load_guest()
+    require(guest.guest_problem(prepared) is None, f"prepared guest: {guest.vm_home()}")
+    assert prepared is not None
+    verdict = accel.detect_accel(prepared)  # the cached verdict (ops/setup.sh probed)
+    spec = EnvironmentSpec(
+        campaign="c-kvm", host="local", mode="vm", workload="publish", env_index=0, scale=0.02,
+        work_root=str(tmp_path),
+    )  # fmt: skip
+    for name in ("ws", "env"):
+        (tmp_path / name).mkdir()
+    env = EnvContext(spec, tmp_path / "ws", tmp_path / "env", "/sandbench/unused")
+    mode = get_mode("vm", {})
+    mode.prepare(env)
+    try:
+        argv = mode.launcher(env)
+        kvm_argv = qemu.qemu_argv(replace(env.state["vm_config"], accel="kvm"))
+    finally:
+        mode.cleanup(env)
+    at = argv.index("-accel")
+    if verdict["accel"] == "kvm":
+        assert argv[at : at + 4] == ["-accel", "kvm", "-cpu", "host"]
+    else:
+        assert verdict["accel"] == "tcg" and argv[at + 1] == "tcg,thread=multi"
+    at = kvm_argv.index("-accel")  # the same environment where the probe says KVM
+    assert kvm_argv[at : at + 4] == ["-accel", "kvm", "-cpu", "host"]
