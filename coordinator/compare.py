@@ -10,19 +10,24 @@ on either side, or present on one side only, is listed with why, never compared.
 Refused (``CompareRefused``): two cohorts, no host in common, a host whose records the two
 sides' keys signed differently (not the same machine), environments doing different work.
 
-``Drift`` is the one input for the machine's own shift between the two sides (issue 15 part 3:
-a sentinel's ratio). Given, and at least as large as a cell's effect, it withholds the verdict.
+The machine's own shift between two campaigns is measured per host by the machine-state
+sentinel (``coordinator.sentinel``): the ratio B / A of each calibration workload's median, and
+the one farthest from 1 is the host's ``Drift``. A faster/slower verdict is withheld (with why)
+when the drift goes the cell's way and ``|log drift| >= MASK_FRACTION * |log ratio|``: half of
+the cell's effect, or more, could be the machine's (``sentinel.drift_masks``). Two modes of one
+campaign share its time (the seeded order interleaves them), so they need no sentinel; two
+campaigns without one say so.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from coordinator import sentinel
 from coordinator.analysis import (
     CI_MIN_N,
     Analysis,
@@ -120,7 +125,9 @@ class Comparison:
     cells: list[Cell] = field(default_factory=list)
     excluded: list[Excluded] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    drift: Drift | None = None
+    drifts: dict[str, Drift] = field(default_factory=dict)  # host -> the machine's shift B / A
+    sentinel: dict[str, list[sentinel.SentinelRatio]] = field(default_factory=dict)  # host ->
+    no_sentinel: list[str] = field(default_factory=list)  # hosts with no sentinel on a side
 
 
 def parse_side(text: str) -> tuple[str, str | None]:
@@ -157,14 +164,18 @@ def verdict(n_a: int, n_b: int, ratio: float, interval: tuple[float, float] | No
             drift: Drift | None = None) -> tuple[str, str]:  # fmt: skip
     """(verdict, why) of one cell; ``drift`` withholds faster/slower when it is as large."""
     if interval is None:
-        return EXPLORATORY, f"N = {n_a} and {n_b}: ratio only (an interval needs N >= {CI_MIN_N})"
+        why = f"N = {n_a} and {n_b}: ratio only (an interval needs N >= {CI_MIN_N})"
+        if drift is not None and sentinel.drift_masks(drift.ratio, ratio):
+            why += f"; the machine itself moved {drift.ratio:.3g}x ({drift.source})"
+        return EXPLORATORY, why
     low, high = interval
     if low <= 1.0 <= high:
         return SAME, "the 95% interval of the ratio contains 1"
     word = FASTER if high < 1.0 else SLOWER
-    if drift is not None and abs(math.log(drift.ratio)) >= abs(math.log(ratio)):
+    if drift is not None and sentinel.drift_masks(drift.ratio, ratio):
         return WITHHELD, (f"B looks {word} ({ratio:.3g}x), but the machine itself moved "
-                          f"{drift.ratio:.3g}x between A and B ({drift.source})")  # fmt: skip
+                          f"{drift.ratio:.3g}x between A and B ({drift.source}), at least half "
+                          "the effect")  # fmt: skip
     return word, f"the 95% interval of the ratio lies {'below' if word == FASTER else 'above'} 1"
 
 
@@ -173,19 +184,34 @@ def ratio_interval(a: np.ndarray, b: np.ndarray, seed: tuple[int, ...]) -> tuple
     return percentile_interval(resample_medians(b, (*seed, 2)) / resample_medians(a, (*seed, 1)))
 
 
-def compare(a: Side, b: Side, drift: Drift | None = None) -> Comparison:
+def compare(a: Side, b: Side) -> Comparison:
     """Compare side ``b`` with side ``a`` under the study's rules (raises ``CompareRefused``)."""
     if (a.mode is None) != (b.mode is None):
         raise CompareRefused("name a mode on both sides (ID:MODE ID:MODE) or on neither")
     pairs = host_pairs(a, b)
     _check_same_work(a, b)
-    out = Comparison(a.label, b.label, drift=drift, notes=_notes(a, b, pairs))
+    out = Comparison(a.label, b.label, notes=_notes(a, b, pairs))
     seed = (int(a.campaign.plan.get("seed", 0)), int(b.campaign.plan.get("seed", 0)))
     for host, cohort in pairs:
         ta, tb = a.table(host, cohort), b.table(host, cohort)
         assert ta is not None and tb is not None
+        if a.campaign.id != b.campaign.id:  # one campaign's modes share its time: no drift
+            _measure_drift(out, a, b, host, cohort)
         _compare_host(out, (a, ta), (b, tb), seed)
     return out
+
+
+def _measure_drift(out: Comparison, a: Side, b: Side, host: str, cohort: str) -> None:
+    """The host's sentinel ratios B / A and the drift they give (or that a side has none)."""
+    found = sentinel.ratios(a.analysis.sentinel_of(host, cohort),
+                            b.analysis.sentinel_of(host, cohort))  # fmt: skip
+    worst = sentinel.largest(found)
+    if worst is None:
+        out.no_sentinel.append(host)
+        return
+    out.sentinel[host] = found
+    source = f"sentinel {worst.workload}, medians of {worst.n_a} and {worst.n_b} points"
+    out.drifts[host] = Drift(worst.ratio, source)
 
 
 def host_pairs(a: Side, b: Side) -> list[tuple[str, str]]:
@@ -246,7 +272,8 @@ def _compare_host(
             out.excluded.append(Excluded(ta.host, ta.cohort, workload, ma, mb, why))
             continue
         xa, xb = va[(ma, workload)], vb[(mb, workload)]
-        out.cells.append(_cell(ta, workload, (ma, xa), (mb, xb), seed, out.drift))
+        drift = out.drifts.get(ta.host)
+        out.cells.append(_cell(ta, workload, (ma, xa), (mb, xb), seed, drift))
 
 
 def _cell(t: HostTables, workload: str, a: tuple[str, np.ndarray], b: tuple[str, np.ndarray],

@@ -16,7 +16,8 @@ import pandas as pd
 
 from coordinator import svg
 from coordinator.analysis import HostTables, passed_values
-from coordinator.units import MISSING, UNIT_RULE, unit_for
+from coordinator.sentinel import SentinelTable
+from coordinator.units import MISSING, UNIT_RULE, duration, unit_for
 
 WIDTH = 900.0
 LEFT = 72.0
@@ -280,5 +281,45 @@ def ratio_plot(
     caption = (
         "Ratio of medians B / A per cell: point the ratio, line its bootstrap 95% interval "
         "(both sides N >= 10; none when exploratory), dashed line 1 (no change)."
+    )
+    return save(c, caption, stem)
+
+
+def sentinel_drift(s: SentinelTable, stem: Path | None) -> Plot | None:
+    """Each sentinel point's task time relative to its calibration's median, over the campaign."""
+    ok = s.points[(s.points["status"] == "passed") & s.points["task_s"].notna()]
+    if ok.empty:
+        return None
+    medians = s.medians()
+    minutes = float(ok["at_s"].max()) > 2 * 60
+    per = 60.0 if minutes else 1.0
+    c = svg.Canvas(WIDTH, 0, f"Machine-state sentinel over the campaign: host {s.host}, "
+                   f"cohort {s.cohort}")  # fmt: skip
+    c.text(LEFT, 18, c.title, size=13, bold=True)
+    names = list(medians)
+    keys = [(f"{w} (median {duration(medians[w][1])})", svg.color(i)) for i, w in enumerate(names)]
+    top = svg.legend(c, keys, LEFT, 38, WIDTH - 10) + 4
+    rel = {w: ok.loc[ok["workload"] == w, "task_s"].to_numpy(dtype=float) / m for w, (_, m)
+           in medians.items()}  # fmt: skip
+    y = svg.value_scale([float(v) for r in rel.values() for v in r] + [1.0], top + PLOT_H, top)
+    svg.axis_y(c, y, LEFT, "task time / its median", WIDTH - 10)
+    span = float(ok["at_s"].max()) / per or 1.0
+    x = svg.Scale(0.0, span * 1.02, LEFT, WIDTH - 16)
+    unit = "min" if minutes else "s"
+    svg.axis_x(c, x, top + PLOT_H, f"time into the campaign ({unit}): host wall time of the "
+               "environments run before the point", top)  # fmt: skip
+    c.line(LEFT, y(1.0), WIDTH - 16, y(1.0), "#000", 1, dash="4 3")
+    for i, w in enumerate(names):
+        g = ok[ok["workload"] == w]
+        xs, ys = x.many(g["at_s"].to_numpy(dtype=float) / per), y.many(rel[w])
+        for j in range(1, len(xs)):
+            c.line(xs[j - 1], ys[j - 1], xs[j], ys[j], svg.color(i), 1.5)
+        c.dots(xs, ys, svg.color(i), 6.0, 0.9, ENV_CLASS)
+    c.height = top + PLOT_H + 48
+    caption = (
+        "Each point one calibration environment of the sentinel (native, fixed work) at the "
+        "start, every K environments and at the end, its task time divided by the median of its "
+        "kind in this campaign (dashed: 1). A level line is a steady machine; a slope or a step "
+        "is the machine's own drift, which the seeded order spread over every mode."
     )
     return save(c, caption, stem)

@@ -18,6 +18,7 @@ import pandas as pd
 from coordinator import plots
 from coordinator.analysis import CELL_COLUMNS, Analysis, HostTables, analyze
 from coordinator.campaign import format_size
+from coordinator.sentinel import SentinelTable
 from coordinator.store import Campaign, Store
 from coordinator.units import MISSING, UNIT_RULE, Unit, duration, fmt, unit_for
 from coordinator.views import CampaignView, record_views
@@ -180,8 +181,52 @@ def flatten_facts(d: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
     return out
 
 
-def host_blocks(t: HostTables, provenance: dict[str, Any], plot_dir: Path) -> list[Block]:
-    """The sections of one host and cohort."""
+def sentinel_blocks(s: SentinelTable | None, every: int, stem: Path) -> list[Block]:
+    """The machine-state sentinel of one host: what ran, its share of the time, its drift."""
+    if s is None:
+        return [("h3", "Machine-state sentinel"),
+                ("p", "No sentinel in this campaign (planned with sentinel = false, or before "
+                      "the sentinel existed): a comparison with another campaign cannot tell "
+                      "the machine's own drift.")]  # fmt: skip
+    points = s.points
+    planned = int(points["env_index"].nunique())
+    share = "not known yet" if s.share is None else (
+        f"{s.share:.2%} ({duration(s.sentinel_wall_s)} of {duration(s.wall_s)})")  # fmt: skip
+    rows: list[list[str | tuple[str, int]]] = []
+    for w, g in points.groupby("workload", sort=False):
+        ok = g.loc[g["status"] == "passed", "task_s"]
+        unit = unit_for(list(ok))
+        spread = f"{ok.max() / ok.min():.3g}" if len(ok) and ok.min() > 0 else MISSING
+        rows.append([f"{w} ({unit.name})", f"{len(ok)} / {len(g)}", unit.show(ok.median()),
+                     unit.show(ok.min()), unit.show(ok.max()), spread])  # fmt: skip
+    header = ["calibration", "passed / planned", "median", "min", "max", "max / min"]
+    table = Table("Sentinel task time per calibration environment (sum of its rounds)", header,
+                  rows)  # fmt: skip
+    bad = points[points["status"] != "passed"]
+    blocks: list[Block] = [
+        ("h3", "Machine-state sentinel"),
+        ("p", f"Calibration environments (native, fixed work; in no cell: not in the tables "
+              f"above, results.csv or the coverage counts): {planned} points, at the start, "
+              f"every {every} environments and at the end. Their share of the environments' "
+              f"wall time: {share}."),
+        ("table", table),
+    ]  # fmt: skip
+    plot = plots.sentinel_drift(s, stem)
+    blocks += [("plot", plot)] if plot else []
+    if len(bad):
+        blocks.append(("ul", [f"{r.workload} #{r.env_index}: {r.status}"
+                              f"{f' ({r.reason})' if isinstance(r.reason, str) else ''}"
+                              for r in bad.itertuples()]))  # fmt: skip
+    return blocks
+
+
+def host_blocks(
+    t: HostTables,
+    provenance: dict[str, Any],
+    plot_dir: Path,
+    sentinel: tuple[SentinelTable | None, int] = (None, 0),
+) -> list[Block]:
+    """The sections of one host and cohort (with its sentinel and the plan's K)."""
     g = _sections(t)
     slug = f"{check_name(t.host, 'host')}-{check_name(t.cohort, 'cohort')}"  # file names
     blocks: list[Block] = [("h2", f"Host {t.host}, cohort {t.cohort}")]
@@ -200,6 +245,7 @@ def host_blocks(t: HostTables, provenance: dict[str, Any], plot_dir: Path) -> li
     blocks += [("h3", "Ready and the startup range"), ("table", startup_table(t))]
     plot = plots.startup_range(t, plot_dir / f"{slug}-startup")
     blocks += [("plot", plot)] if plot else []
+    blocks += sentinel_blocks(*sentinel, plot_dir / f"{slug}-sentinel")
     blocks += [("h3", "Coverage"), ("table", _coverage_table(t))]
     blocks += [("h3", "Failures and missing observations"), ("table", _failures_table(t))]
     blocks += [
@@ -240,8 +286,10 @@ def campaign_blocks(
         ("h2", "Configuration"),
         ("ul", _config_lines(plan) + [f"note: {n}" for n in plan.get("notes", [])]),
     ]
+    every = int(plan.get("sentinel", {}).get("every", 0))
     for t in analysis.tables:
-        blocks += host_blocks(t, store.provenance(campaign.id, t.host), plot_dir)
+        sentinel = (analysis.sentinel_of(t.host, t.cohort), every)
+        blocks += host_blocks(t, store.provenance(campaign.id, t.host), plot_dir, sentinel)
     return blocks
 
 
@@ -267,10 +315,20 @@ def _config_lines(plan: dict[str, Any]) -> list[str]:
         f"memory {format_size(int(q.get('memory', 0)))}, "
         f"swap {format_size(int(q.get('swap', 0)))}; "
         f"VM {vm.get('vcpus')} vCPU / {vm.get('memory_mib')} MiB",
+        _sentinel_config(plan.get("sentinel")),
         "statistics: N=3 is exploratory (no tails, no intervals); "
         "N>=10 adds a bootstrap 95% interval of "
         "the median [low, high]; N>=30 adds P95; hosts and cohorts are never pooled or ranked",
     ]  # fmt: skip
+
+
+def _sentinel_config(setting: dict[str, Any] | None) -> str:
+    """The plan's sentinel setting as the configuration lists it."""
+    if not setting:
+        return "sentinel: none (a campaign planned before the sentinel existed)"
+    if not setting.get("every"):
+        return "sentinel: off (sentinel = false)"
+    return f"sentinel: calibration points at the start, every {setting['every']} environments, end"
 
 
 # --- rendering ---------------------------------------------------------------------------------

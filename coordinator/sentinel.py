@@ -45,8 +45,9 @@ LIMIT_S = 30.0  # at most the plan's limit
 # here) then gets 12 points of two environments of about 0.2 s each, about 1% of its time.
 DEFAULT_EVERY = 30
 MAX_EVERY = 50_000  # the largest expansion per host (coordinator.plan.MAX_PLANNED)
-# compare withholds faster/slower when the sentinel moved at least this fraction of the
-# cell's own move, both measured as |log ratio| (0.5: half the effect is the machine's).
+# compare withholds faster/slower when the sentinel moved the same way as the cell and at least
+# this fraction of the cell's own move, both as |log ratio| (0.5: half the effect, or more,
+# could be the machine's).
 MASK_FRACTION = 0.5
 
 
@@ -113,10 +114,13 @@ def spec(
 
 
 def drift_masks(drift: float, ratio: float) -> bool:
-    """Whether a machine shift ``drift`` (B / A) is as large as a cell's ``ratio`` to matter."""
+    """Whether the machine's shift ``drift`` (B / A) could be the cell's ``ratio``: the same
+    direction and at least ``MASK_FRACTION`` of it in log terms. A machine that moved the other
+    way only makes the cell's effect look smaller than it is, so it masks nothing."""
     if drift <= 0 or ratio <= 0:
         return False
-    return abs(math.log(drift)) >= MASK_FRACTION * abs(math.log(ratio))
+    d, r = math.log(drift), math.log(ratio)
+    return d * r > 0 and abs(d) >= MASK_FRACTION * abs(r)
 
 
 # --- the sentinel's records, per host ----------------------------------------------------------

@@ -34,6 +34,7 @@ seed = 2
 scale = 0.02
 environments = 3
 workloads = ["publish"]
+sentinel = false  # the first record is then the slow mode's: Ctrl-C lands inside the second
 [[modes]]
 name = "slow-start"
 template = ["/bin/sh", "-c", "sleep 1.5; exec \\"$@\\"", "sh", "{payload_argv}"]

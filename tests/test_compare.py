@@ -5,7 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +28,8 @@ from coordinator.compare import (
     ratio_interval,
     verdict,
 )
+from coordinator.sentinel import drift_masks
+from coordinator.store import Store
 
 SLOW_SYNC_S = 0.05  # the slow mode's sync sleeps this long inside every round's clock
 PLAN = """
@@ -32,9 +39,9 @@ seed = 3
 scale = {scale}
 environments = {n}
 rounds = 1
-workloads = ["stat-tree"]
+workloads = [{workloads}]
 modes = {modes}
-"""
+{extra}"""
 NATIVE_AND_SLOW = (
     '["native", { name = "slow-sync", template = ["/usr/bin/env", "{payload_argv}"], '
     f'sync = ["sleep", "{SLOW_SYNC_S}"] }}]'
@@ -53,10 +60,12 @@ class Campaigns:
         self.ids: dict[str, str] = {}
 
     def run(self, key: str, *, n: int = 1, modes: str = '["native"]', cohort: str = "default",
-            scale: float = 0.01, host: str = "lab-test", home: str = "home") -> None:  # fmt: skip
+            scale: float = 0.01, host: str = "lab-test", home: str = "home",
+            workload: str = "stat-tree", extra: str = "") -> None:  # fmt: skip
         """Run one campaign through `sandbench run` and remember its id under ``key``."""
         plan = self.lab.root / f"{key}.toml"
-        plan.write_text(PLAN.format(name=key, cohort=cohort, scale=scale, n=n, modes=modes))
+        plan.write_text(PLAN.format(name=key, cohort=cohort, scale=scale, n=n, modes=modes,
+                                    workloads=json.dumps(workload), extra=extra))  # fmt: skip
         args = self.lab.run_args()
         args[args.index("--host-name") + 1] = host
         for flag, name in (("--key", "host.key"), ("--registry", "hosts.json")):
@@ -116,14 +125,25 @@ def test_two_campaigns_cell_by_cell(campaigns: Campaigns) -> None:
     doc = campaigns.json("A", "B")
     assert [(x["mode_a"], x["workload"]) for x in doc["cells"]] == [
         ("native", "stat-tree"), ("slow-sync", "stat-tree")]  # fmt: skip
+    (drift,) = doc["drifts"].values()
     for x in doc["cells"]:
         assert x["n_a"] == x["n_b"] == 10 and x["low"] <= x["high"]
         expected = SLOWER if x["low"] > 1 else FASTER if x["high"] < 1 else SAME
+        if expected != SAME and drift_masks(drift["ratio"], x["ratio"]):
+            expected = WITHHELD
         assert x["verdict"] == expected
-    assert doc["excluded"] == [] and doc["drift"] is None
+    assert doc["excluded"] == [] and doc["no_sentinel"] == []
+    found = doc["sentinel"]["lab-test"]
+    assert [r["workload"] for r in found] == ["sentinel-cpu", "sentinel-fsync"]
+    for r in found:  # the start and end points of each campaign
+        assert r["n_a"] == r["n_b"] == 2 and r["ratio"] == pytest.approx(
+            r["median_b"] / r["median_a"]
+        )
+    farthest = max(found, key=lambda r: abs(np.log(r["ratio"])))
+    assert drift["ratio"] == farthest["ratio"] and farthest["workload"] in drift["source"]
     text = campaigns.compare("A", "B")
     assert "ratio = B / A" in text and "stat-tree" in text and "slow-sync" in text
-    assert "no machine-state sentinel measured" in text  # two campaigns: the drift is unknown
+    assert "sentinel B / A on host lab-test: sentinel-cpu " in text and "withheld when" in text
     assert "sentinel" not in campaigns.compare("A:native", "A:slow-sync")  # one campaign
 
 
@@ -182,8 +202,51 @@ def test_html_page_and_campaign_directory(campaigns: Campaigns, tmp_path: Path) 
     assert ">slower<" in text
 
 
+def test_a_campaign_without_sentinel_is_said_so(campaigns: Campaigns) -> None:
+    """Against a campaign planned with sentinel = false, compare says no sentinel was measured."""
+    campaigns.run("no-sentinel", n=10, modes=NATIVE_AND_SLOW, extra="sentinel = false\n")
+    doc = campaigns.json("A", "no-sentinel")
+    assert doc["no_sentinel"] == ["lab-test"] and doc["drifts"] == {} and doc["sentinel"] == {}
+    text = campaigns.compare("A", "no-sentinel")
+    assert "no machine-state sentinel measured on host lab-test" in text
+    records = Store(campaigns.lab.data).records(campaigns.ids["no-sentinel"])
+    assert len(records) == 20 and {r.kind for r in records} == {"environment"}
+
+
+@contextmanager
+def cpu_burners(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``count`` busy-looping processes on this host's CPUs, killed (and reaped) at the end."""
+    burn = [sys.executable, "-c", "while True: pass"]
+    procs = [subprocess.Popen(burn) for _ in range(count)]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_busy_machine_withholds_the_verdict(campaigns: Campaigns) -> None:
+    """B run while CPU burners compete: its sentinel and its cell both slow down, so compare
+    prints the sentinel ratio and withholds "slower", saying the machine itself moved."""
+    plan = {"n": 10, "workload": "read-large", "scale": 0.1}
+    campaigns.run("calm", **plan)  # type: ignore[arg-type]
+    with cpu_burners(2 * len(os.sched_getaffinity(0))):
+        campaigns.run("busy", **plan)  # type: ignore[arg-type]
+    doc = campaigns.json("calm", "busy")
+    drift = doc["drifts"]["lab-test"]
+    (cell,) = doc["cells"]
+    assert cell["workload"] == "read-large" and cell["ratio"] > 1.2 and cell["low"] > 1, cell
+    assert drift["ratio"] > 1.2 and drift_masks(drift["ratio"], cell["ratio"]), (drift, cell)
+    assert cell["verdict"] == WITHHELD and "the machine itself moved" in cell["why"], cell
+    assert "B looks slower" in cell["why"]
+    text = campaigns.compare("calm", "busy")
+    assert "sentinel B / A on host lab-test" in text and WITHHELD in text
+
+
 def test_verdict_rule_and_drift() -> None:
-    """Faster/slower need an interval clear of 1; a machine drift as large withholds them."""
+    """Faster/slower need an interval clear of 1; a machine drift the same way and at least half
+    the cell's (in log terms) withholds them."""
     assert verdict(3, 10, 0.5, None)[0] == EXPLORATORY
     assert verdict(10, 10, 0.8, (0.7, 1.05))[0] == SAME
     assert verdict(10, 10, 0.8, (0.7, 0.9))[0] == FASTER
@@ -191,6 +254,14 @@ def test_verdict_rule_and_drift() -> None:
     word, why = verdict(10, 10, 0.8, (0.7, 0.9), Drift(0.75, "sentinel"))
     assert word == WITHHELD and "machine itself moved 0.75x" in why and "faster" in why
     assert verdict(10, 10, 0.8, (0.7, 0.9), Drift(0.95, "sentinel"))[0] == FASTER
+    # the rule: withheld once the machine moved at least half the cell's move (in log terms)
+    assert verdict(10, 10, 0.64, (0.6, 0.7), Drift(0.79, "sentinel"))[0] == WITHHELD
+    assert verdict(10, 10, 0.64, (0.6, 0.7), Drift(0.81, "sentinel"))[0] == FASTER
+    assert verdict(10, 10, 1.5625, (1.5, 1.7), Drift(1 / 0.79, "sentinel"))[0] == WITHHELD
+    assert verdict(10, 10, 1.5625, (1.5, 1.7), Drift(1 / 0.81, "sentinel"))[0] == SLOWER
+    # a machine that moved the other way only hides part of the effect: the verdict stands
+    assert verdict(10, 10, 1.5625, (1.5, 1.7), Drift(0.5, "sentinel"))[0] == SLOWER
+    assert "machine itself moved" in verdict(3, 3, 0.64, None, Drift(0.79, "sentinel"))[1]
 
 
 def test_ratio_interval_resamples_sides_independently() -> None:

@@ -22,10 +22,15 @@ from coordinator import plots
 from coordinator.cli.campaign import DATA_OPTION, print_report_table
 from coordinator.compare import EXPLORATORY, Cell, Comparison, compare, load_side
 from coordinator.report import Block, Table, to_html
+from coordinator.sentinel import MASK_FRACTION
 from coordinator.store import Store
-from coordinator.units import UNIT_RULE, fmt, unit_for
+from coordinator.units import UNIT_RULE, duration, fmt, unit_for
 
 RATIO_TEXT = "ratio = B / A (below 1: B is faster; above 1: B is slower)"
+MASK_RULE = (
+    "a faster or slower verdict is withheld when the drift goes the cell's way and |log drift| "
+    f"is at least {MASK_FRACTION:g} x the cell's |log ratio|"
+)
 CSV_COLUMNS = ["host", "cohort", "workload", "mode_a", "mode_b", "n_a", "n_b", "median_a_s",
                "median_b_s", "ratio", "ratio_low", "ratio_high", "verdict", "why"]  # fmt: skip
 
@@ -66,11 +71,19 @@ def header_lines(c: Comparison) -> list[str]:
     lines = [f"A = {c.a}; B = {c.b}; {RATIO_TEXT}",
              "per cell complete on both sides; both N >= 10: bootstrap 95% interval of the ratio "
              "and a verdict; otherwise exploratory (the ratio alone)"]  # fmt: skip
-    if c.drift is not None:
-        lines.append(f"machine drift B / A: {c.drift.ratio:.3g}x ({c.drift.source})")
-    elif c.a.partition(":")[0] != c.b.partition(":")[0]:
-        lines.append("no machine-state sentinel measured: between two campaigns, any shift of "
-                     "the machine itself is part of every ratio")  # fmt: skip
+    for host, found in c.sentinel.items():
+        shown = ", ".join(
+            f"{r.workload} {r.ratio:.3g}x ({duration(r.median_a)} -> "
+            f"{duration(r.median_b)}, {r.n_a} / {r.n_b} points)"
+            for r in found
+        )
+        drift = c.drifts[host]
+        lines.append(f"sentinel B / A on host {host}: {shown}; machine drift {drift.ratio:.3g}x "
+                     f"(the farthest from 1): {MASK_RULE}")  # fmt: skip
+    for host in c.no_sentinel:
+        lines.append(f"no machine-state sentinel measured on host {host} (on one side or both): "
+                     "between two campaigns, any shift of the machine itself is part of every "
+                     "ratio")  # fmt: skip
     return lines + [f"note: {n}" for n in c.notes]
 
 
