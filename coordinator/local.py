@@ -29,6 +29,7 @@ from coordinator.campaign import expand, new_campaign_id
 from coordinator.plan import Plan
 from coordinator.registry import HostRegistry
 from coordinator.store import Store
+from coordinator.walltime import WallSplit
 from tasks.errors import SandbenchError, StoreError
 from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.records import EnvironmentRecord, EnvironmentSpec
@@ -48,6 +49,7 @@ class RunResult:
     recorded_now: int = 0
     stopped: bool = False
     counts: dict[str, int] = field(default_factory=dict)
+    wall: WallSplit = field(default_factory=WallSplit)  # where this run's wall time went
 
     @property
     def complete(self) -> bool:
@@ -154,6 +156,7 @@ class LocalExecutor:
                 if record is None:
                     break  # stopped mid-environment: no record, a resume runs it again
                 self.keep(record)
+                result.wall.add(record)
                 result.recorded_now += 1
                 result.counts[record.outcome] = result.counts.get(record.outcome, 0) + 1
                 progress.advance(task)
@@ -201,7 +204,8 @@ def run_campaign(
     executor = LocalExecutor(store, campaign_id, key, work_root, stop)
     started = time.monotonic()
     result = executor.run(console, show_progress)
-    result.counts["elapsed_s"] = int(time.monotonic() - started)
+    result.wall.wall_s = time.monotonic() - started
+    result.counts["elapsed_s"] = int(result.wall.wall_s)
     return result
 
 

@@ -111,6 +111,18 @@ def test_failing_and_unavailable_modes(lab: Lab) -> None:
     assert ",absent,publish,workflow,1,preflight-failed,preflight failed: command mode" in csv
     assert "— [" in out.stdout and "not run under the first-failure-rule" in out.stdout
     assert _leftover_environments(lab) == []
+    _check_wall_split(out.stdout)
+
+
+def _check_wall_split(stdout: str) -> None:
+    """The run's last lines split its wall time into parts that add up to it."""
+    line = next(x for x in stdout.splitlines() if x.startswith("wall time "))
+    wall = float(re.match(r"wall time ([\d.]+) s:", line).group(1))  # type: ignore[union-attr]
+    seconds = [float(s) for s in re.findall(r" ([\d.]+) s \(", line)]
+    assert [p.split(" ", 1)[0] for p in line.split(": ", 1)[1].split(", ")][:5] == [
+        "measured", "preparation", "oracle", "cleanup", "sentinel"]  # fmt: skip
+    assert len(seconds) == 6 and seconds[0] > 0 and seconds[1] > 0  # five parts and the harness
+    assert sum(seconds) == pytest.approx(wall, abs=0.35)  # each figure rounded to 0.1 s
 
 
 def _leftover_environments(lab: Lab) -> list[Path]:

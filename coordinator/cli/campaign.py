@@ -170,7 +170,7 @@ def run_command(
     out = Console(width=160) if not sys.stdout.isatty() else Console()
     checked = None
     if result.complete:
-        store.seal_host(result.campaign_id, key.name)  # finalize_host's seal, before the verify
+        store.seal_host(result.campaign_id, key.name, result.planned)  # as finalize_host will
         checked = verify_and_mark(store, result.campaign_id, registry)
         paths = finalize_host(store, result.campaign_id, key.name).report  # shows the verdict
         if as_json:
@@ -183,6 +183,8 @@ def run_command(
             click.echo(f"problem: {problem}")
         click.echo(f"records: {checked.verdict}")
     click.echo(summary_line(result))
+    if result.recorded_now:
+        click.echo(result.wall.line())
     click.echo(f"campaign: {result.campaign_id}")
     if not result.complete:
         sys.exit(EXIT_INTERRUPTED)
