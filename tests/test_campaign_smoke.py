@@ -34,7 +34,9 @@ def test_smoke_preset_completes_and_report_reproduces(tmp_path: Path) -> None:
     store = Store(data)
     campaign = store.load_campaign(cid)
     _, plan = preset("smoke")
-    assert len(campaign.specs) == len(plan.cells()) * plan.environments == 297
+    cells = [s for s in campaign.specs if s.kind == "environment"]
+    assert len(cells) == len(plan.cells()) * plan.environments == 297
+    assert len(campaign.specs) - len(cells) == 2 * 11  # the sentinel: 11 points of two
     records = store.records(cid)
     assert sorted(r.key() for r in records) == sorted(s.key() for s in campaign.specs)
     modes = store.provenance(cid, "lab-smoke")["modes"]
@@ -55,4 +57,6 @@ def test_smoke_preset_completes_and_report_reproduces(tmp_path: Path) -> None:
     verify_argv = [*sandbench, "verify", cid, "--data", str(data), "--registry", str(registry)]
     verify = subprocess.run(verify_argv, capture_output=True, text=True, timeout=300)
     assert verify.returncode == 0, verify.stdout
-    assert "VM modes run only: publish" in (data / cid / "report.md").read_text()
+    report = (data / cid / "report.md").read_text()
+    assert "VM modes run only: publish" in report
+    assert re.search(r"Their share of the environments' wall time: [\d.]+% \(", report)
