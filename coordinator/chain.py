@@ -6,7 +6,8 @@ line ``seq - 1``'s exact bytes (for ``seq`` 1, the genesis digest of campaign an
 signature covers campaign, host, ``seq``, ``prev`` and the digest of the record's own bytes
 (the line without its ``chain``). A line is the record's canonical JSON, so its bytes are a
 function of its content and every check reads them as stored. At finalization the coordinator
-signs the log's head (``head.json``: line count, last line's digest, digest of the lost marks),
+signs the log's head (``head.json``: line count, last line's digest, digest of the lost marks,
+environments planned),
 so a removed tail shows; ``campaign.sig`` signs the exact bytes of ``campaign.json`` and
 ``plan.toml`` each time the store writes them.
 """
@@ -101,11 +102,13 @@ class Head:
     count: int  # lines in records.jsonl
     last: str  # digest of the last line (the genesis digest for an empty log)
     lost: str | None  # digest of lost.jsonl, None if there is none
+    planned: int  # environments planned for the host when it was finalized
 
     def body(self) -> dict[str, Any]:
         """The signed fields."""
         return {"campaign": self.campaign, "host": self.host, "count": self.count,
-                "last": self.last, "lost": self.lost, "format": CHAIN_FORMAT}  # fmt: skip
+                "last": self.last, "lost": self.lost, "planned": self.planned,
+                "format": CHAIN_FORMAT}  # fmt: skip
 
 
 def head_document(head: Head, key: CoordinatorKey) -> bytes:

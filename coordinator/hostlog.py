@@ -130,15 +130,15 @@ class HostLog:
         count = complete.count(b"\n")
         return count, sha256_hex(complete[:-1].rsplit(b"\n", 1)[-1]) if count else None
 
-    def seal(self, signer: CoordinatorKey) -> Path:
-        """Sign the log's head (line count, last digest, lost marks): finalization's seal."""
+    def seal(self, signer: CoordinatorKey, planned: int) -> Path:
+        """Sign the log's head (line count, last digest, lost marks, the ``planned`` count)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(RECORDS_LOCK), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             count, last = self._head_now()
             lost = self.path.with_name(LOST_FILE)
             head = Head(self.campaign, self.host, count, last or genesis(self.campaign, self.host),
-                        file_digest(lost) if lost.exists() else None)  # fmt: skip
+                        file_digest(lost) if lost.exists() else None, planned)  # fmt: skip
             doc = head_document(head, signer)
             target = self.path.with_name(HEAD_FILE)
             if not target.exists() or target.read_bytes() != doc:  # equal heads: equal bytes

@@ -246,31 +246,45 @@ def _old_schema(log: LogCheck) -> list[str]:
             "rules"]  # fmt: skip
 
 
-def check_head(cdir: Path, log: LogCheck, registry: HostRegistry) -> tuple[list[str], bool]:
-    """Problems of a host's signed head, and whether it seals the log as it stands."""
+@dataclass(frozen=True)
+class HeadCheck:
+    """What a host's signed head says of its log as it stands."""
+
+    problems: list[str]
+    sealed: bool = False  # the head covers the log exactly as it stands
+    # environments planned when it was finalized (the head is genuine, whatever the log became)
+    finalized_planned: int | None = None
+
+
+def check_head(cdir: Path, log: LogCheck, registry: HostRegistry) -> HeadCheck:
+    """Problems of a host's signed head (a removed tail, a replaced last line, lost marks)."""
     hdir = cdir / "hosts" / log.host
-    path = hdir / HEAD_FILE
+    path, name = hdir / HEAD_FILE, f"hosts/{log.host}/{HEAD_FILE}"
     if not path.exists():
-        return [], False
-    name = f"hosts/{log.host}/{HEAD_FILE}"
+        return HeadCheck([])
     try:
         doc = json.loads(path.read_bytes())
-        count, last = int(doc["count"]), str(doc["last"])
+        count, last, planned = int(doc["count"]), str(doc["last"]), int(doc["planned"])
     except (ValueError, KeyError, TypeError):
-        return [f"{name}: not a head document (edited)"], False
+        return HeadCheck([f"{name}: not a head document (edited)"])
     why = coordinator_signed(doc, signed_body(doc), registry)
     if why or (doc.get("campaign"), doc.get("host")) != (cdir.name, log.host):
-        return [f"{name}: {why or 'the head of another campaign or host'}"], False
-    have = len(log.lines)
-    if count > have:
-        return [f"{name}: removed tail: the log was finalized with {count} records and has "
-                f"{have} (the last {count - have} removed)"], False  # fmt: skip
-    final = log.lines[count - 1] if count else None
+        return HeadCheck([f"{name}: {why or 'the head of another campaign or host'}"])
+    by_seq = {line.seq: line for line in log.lines if line.seq is not None}
+    final = by_seq.get(count)
+    if count and final is None:
+        top = max(by_seq, default=0)
+        if top < count:
+            return HeadCheck([f"{name}: removed tail: the log was finalized with {count} "
+                              f"records and ends at seq {top} (the last {count - top} "
+                              "removed)"], finalized_planned=planned)  # fmt: skip
+        return HeadCheck([f"{name}: the line the log was finalized with (seq {count}) is gone "
+                          "(replaced)"], finalized_planned=planned)  # fmt: skip
     if (final.digest if final else genesis(cdir.name, log.host)) != last:
         key = final.key if final else "?"
-        return [f"{key}: {name}: line {count} is not the line the log was finalized with "
-                "(replaced after finalization)"], False  # fmt: skip
+        why = f"seq {count} is not the line the log was finalized with (replaced since)"
+        return HeadCheck([f"{key}: {name}: {why}"], finalized_planned=planned)
     lost = hdir / LOST_FILE
     if (file_digest(lost) if lost.exists() else None) != doc.get("lost"):
-        return [f"hosts/{log.host}/{LOST_FILE}: changed after finalization"], False
-    return [], count == have
+        return HeadCheck([f"hosts/{log.host}/{LOST_FILE}: changed after finalization"])
+    return HeadCheck([], count == len(log.lines), planned)

@@ -165,14 +165,16 @@ def verify_campaign(store: Store, campaign_id: str, registry: HostRegistry) -> V
     good: list[EnvironmentRecord] = []
     for host in sorted(set(campaign.hosts) | set(store.hosts(campaign_id))):
         log = check_lines(campaign_id, host, store.log_lines(campaign_id, host), registry)
-        head_problems, sealed = check_head(cdir, log, registry)
-        out.problems += log.problems + head_problems
+        head = check_head(cdir, log, registry)
+        out.problems += log.problems + head.problems
         out.records += len(log.lines)
         good += log.records
-        missing = _missing(campaign.host_specs(host), log.present(), store, campaign_id, host)
-        out.problems += [f"{key}: {why}" for key, why in missing.named(sealed)]
-        out.missing += missing.unnamed(sealed)
-        if not (sealed or head_problems or missing.count) and campaign.host_specs(host):
+        planned = campaign.host_specs(host)
+        missing = _missing(planned, log.present(), store, campaign_id, host)
+        finalized = head.finalized_planned == len(planned)  # no environment planned since
+        out.problems += [f"{key}: {why}" for key, why in missing.named(finalized)]
+        out.missing += missing.unnamed(finalized)
+        if not (head.sealed or head.problems or missing.count) and planned:
             out.unsealed.append(host)
     out.problems += [str(v) for v in derive(good, campaign.specs)]
     return out
@@ -191,12 +193,12 @@ class Missing:
         """How many are missing."""
         return len(self.specs)
 
-    def named(self, sealed: bool) -> list[tuple[str, str]]:
+    def named(self, finalized: bool) -> list[tuple[str, str]]:
         """Those that are problems: the log was finalized, or a later environment has a record."""
         out = []
         for spec in self.specs:
             later = self.latest.get(spec.attempt, -1)
-            if sealed:
+            if finalized:
                 out.append((spec.key(), f"planned but has no record, and host {self.host}'s "
                                         "log was finalized (a record was removed)"))  # fmt: skip
             elif later > spec.order_index:
@@ -204,9 +206,9 @@ class Missing:
                 out.append((spec.key(), f"{why} has one (a record was removed)"))
         return out
 
-    def unnamed(self, sealed: bool) -> int:
+    def unnamed(self, finalized: bool) -> int:
         """Those still to come: an unfinished campaign's environments without a record yet."""
-        return self.count - len(self.named(sealed))
+        return self.count - len(self.named(finalized))
 
 
 def _missing(

@@ -152,7 +152,7 @@ def finalize_host(store: Store, campaign: str, host: str) -> Finalized:
     if not progress.complete():
         missing = len(progress.missing())
         return Finalized(host, False, progress.fingerprint(), missing=missing)
-    store.seal_host(campaign, host)  # the final head: count and last digest, signed
+    store.seal_host(campaign, host, len(progress.planned))  # the final head, signed
     violations = derive(list(progress.records.values()), progress.planned)
     for v in violations:
         log.warning("campaign %s host %s: %s", campaign, host, v)

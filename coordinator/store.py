@@ -352,9 +352,10 @@ class Store:
             raise StoreError(f"record for unknown campaign '{first.campaign}' under {self.root}")
         return self.host_log(first.campaign, first.host).append(records, self.signer, objects)
 
-    def seal_host(self, campaign_id: str, host: str) -> Path:
-        """Sign the head of ``host``'s log (line count, last digest, lost marks) at finalization."""
-        return self.host_log(campaign_id, host).seal(self.signer)
+    def seal_host(self, campaign_id: str, host: str, planned: int) -> Path:
+        """Sign the head of ``host``'s log at finalization, when its ``planned`` environments
+        all have an outcome (line count, last digest, lost marks)."""
+        return self.host_log(campaign_id, host).seal(self.signer, planned)
 
     def _record_hosts(self, campaign_id: str) -> list[str]:
         """Hosts that have a records directory (no need to parse campaign.json for that)."""
