@@ -2,8 +2,14 @@
 # Provision a lab host (Debian/Ubuntu or Fedora, as root) for the sandbench fleet.
 #
 #   ops/install.sh --role broker --bind 10.0.0.5      # redis: generated password, append-only
-#   ops/install.sh --role worker --host lab-a --broker redis://broker:6379/0 --password-file pw
 #   ops/install.sh --role coordinator --broker redis://broker:6379/0 --password-file pw
+#   ops/install.sh --role worker --host lab-a --broker redis://broker:6379/0 --password-file pw \
+#       --coordinator-key coordinator.pub [--allow-command-modes gvisor,nsjail]
+#
+# The coordinator role creates the coordinator's Ed25519 key and exports its public half to
+# /etc/sandbench/coordinator.pub: copy that file to each worker for --coordinator-key. A worker
+# runs only specs signed by that key, and command modes (templates run as root) only if named
+# in --allow-command-modes (kept in /etc/sandbench/worker.toml: allowed_command_modes = [...]).
 #
 # TLS: --tls-cert FILE --tls-key FILE on the broker; a rediss:// URL and --broker-ca FILE (the CA
 # that signed the broker's certificate) on the others. --port PORT (default 6379) on the broker;
@@ -17,9 +23,9 @@ set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 NAME_RE='^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'  # tasks/names.py: a host name is a file name
 role="" host="$(hostname -s)" broker="" password_file="" broker_ca="" port=6379 root=""
-tls_cert="" tls_key="" binds=()
+tls_cert="" tls_key="" binds=() coordinator_key="" allow_modes=""
 
-usage() { sed -n '2,15p' "$0"; exit 2; }
+usage() { sed -n '2,22p' "$0"; exit 2; }
 die() { echo "install.sh: $*" >&2; exit 2; }
 say() { printf '==> %s\n' "$*"; }
 while (($#)); do
@@ -34,6 +40,8 @@ while (($#)); do
     --tls-cert) tls_cert="$2"; shift 2 ;;
     --tls-key) tls_key="$2"; shift 2 ;;
     --root) root="$(realpath -m "$2")"; shift 2 ;;
+    --coordinator-key) coordinator_key="$2"; shift 2 ;;
+    --allow-command-modes) allow_modes="$2"; shift 2 ;;
     -h|--help) usage ;;
     *) echo "install.sh: unknown option $1" >&2; usage ;;
   esac
@@ -169,10 +177,52 @@ setup_broker() {
   say "password in $ETC/broker.password (0600): copy it to each host for --password-file"
 }
 
+# The one coordinator key this worker obeys: --coordinator-key FILE into $ETC/coordinator.pub;
+# another key where one is installed is refused (remove the file to change it on purpose).
+trust_coordinator() {
+  local target="$ETC/coordinator.pub" key
+  if [ -z "$coordinator_key" ]; then
+    [ -s "$target" ] || die "--coordinator-key FILE is required for a worker: the coordinator's" \
+      "public key (on the coordinator: /etc/sandbench/coordinator.pub, or sandbench coordinator" \
+      "init --export DIR)"
+    return
+  fi
+  key="$(tr -d ' \r\n' < "$coordinator_key")"
+  python3 -c 'import base64, sys; sys.exit(len(base64.b64decode(sys.argv[1], validate=True)) != 32)' \
+    "$key" 2>/dev/null || die "--coordinator-key $coordinator_key is not an Ed25519 public key"
+  if [ -s "$target" ] && [ "$(tr -d ' \r\n' < "$target")" != "$key" ]; then
+    die "$target already trusts another coordinator key; refused (another machine may pose as" \
+      "the coordinator). If the coordinator's key really changed, remove $target and run again"
+  fi
+  mkdir -p "$ETC"; printf '%s\n' "$key" > "$target"; chmod 0644 "$target"
+  say "worker runs only specs signed by the coordinator key in $target"
+}
+
+# The command modes this worker runs (a spec can never allow one): $ETC/worker.toml.
+write_allowlist() {
+  local target="$ETC/worker.toml" names=() name
+  [ -n "$allow_modes" ] || [ ! -e "$target" ] || return 0
+  IFS=',' read -ra names <<<"$allow_modes"
+  local quoted=()
+  for name in "${names[@]}"; do
+    [[ "$name" =~ $NAME_RE ]] || die "--allow-command-modes: '$name' is not a mode name"
+    quoted+=("\"$name\"")
+  done
+  mkdir -p "$ETC"
+  {
+    echo "# Command modes this worker runs: each runs its template through /bin/sh as root."
+    echo "# A spec cannot allow one; add names here (or install.sh --allow-command-modes)."
+    echo "allowed_command_modes = [$(IFS=,; echo "${quoted[*]}" | sed 's/,/, /g')]"
+  } > "$target"
+  chmod 0644 "$target"
+  say "command modes allowed on this worker: ${allow_modes:-none} ($target)"
+}
+
 setup_worker() {
   [[ "$host" =~ $NAME_RE ]] || die "--host $host: use 1-64 letters, digits, '.', '_' or '-'"
+  trust_coordinator
   [ -n "$root" ] || { install_packages; install_venv; }
-  write_env; install_units
+  write_env; write_allowlist; install_units
   if [ -n "$root" ]; then return; fi
   SANDBENCH_HOME=$HOME_DIR "$PREFIX/venv/bin/python" - "$host" <<'PY'
 import sys
@@ -187,6 +237,9 @@ PY
 setup_coordinator() {
   [ -n "$root" ] || { install_packages; install_venv; }
   write_env; install_units
+  if [ -z "$root" ]; then  # the coordinator's key: signs the expansion, every spec, the logs
+    SANDBENCH_HOME=$HOME_DIR "$PREFIX/venv/bin/sandbench" coordinator init --export "$ETC"
+  fi
   [ -n "$root" ] || systemctl enable --now sandbench-coordinator sandbench-flower
   say "Flower credentials are in $ENV_FILE (SANDBENCH_FLOWER_AUTH)"
 }

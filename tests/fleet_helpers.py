@@ -33,6 +33,7 @@ VISIBILITY_TIMEOUT_S = 6
 RESTORE_INTERVAL_S = 1
 LOST_GRACE_S = 4
 LEASE_SLACK_S = 3  # a queued environment never started: queued again after limit_s + this
+LEASE_SLACK_S = 3  # a queued environment never started: queued again after limit_s + this
 STOP_TIMEOUT_S = 15
 # The fsync policy of the lab's Redis (ops/redis.conf); benchmarks use it.
 OPS_APPENDFSYNC = next(
@@ -42,6 +43,7 @@ OPS_APPENDFSYNC = next(
 )
 # Addresses of the veth pairs: 198.18.0.0/15 is reserved for network benchmark tests (RFC 2544).
 NETNS_SUBNET = "198.18.{index}.{host}"
+VETH_FIRST, VETH_INDEXES = 2, 250  # the third octet (and veth names sbv<index>h/n) in use
 # Command modes the test lab hosts' own configuration allows (worker.toml): the fleet tests'.
 ALLOWED_COMMAND_MODES = ("slow", "flaky", "always-fails", "absent")
 
@@ -177,10 +179,16 @@ class RedisServer:
 
 @dataclass
 class NetNs:
-    """A network namespace joined to the root namespace by a veth pair."""
+    """A network namespace joined to the root namespace by a veth pair.
+
+    Tests run side by side on one machine: ``create`` takes the first free veth index from
+    ``index`` on (``ip link add`` fails on a name in use), and ``delete`` removes only the pair
+    this namespace created, never another test's.
+    """
 
     name: str
-    index: int
+    index: int  # preferred; the one in use after ``create``
+    created: bool = False
 
     @property
     def host_address(self) -> str:
@@ -195,13 +203,26 @@ class NetNs:
     def _ip(self, *args: str) -> None:
         subprocess.run(["ip", *args], check=True, capture_output=True)
 
+    @property
+    def link(self) -> str:
+        """The root namespace's end of the veth pair (``ip link set LINK down`` cuts it off)."""
+        return f"sbv{self.index}h"
+
     def create(self) -> None:
-        """Create the namespace, the veth pair and both addresses."""
-        self.delete()
-        outer, inner = f"sbv{self.index}h", f"sbv{self.index}n"
+        """Create the namespace, a veth pair on a free index and both addresses."""
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)  # a stale one
         self._ip("netns", "add", self.name)
-        self._ip("link", "add", outer, "type", "veth", "peer", "name", inner)
-        self._ip("link", "set", inner, "netns", self.name)
+        first = self.index - VETH_FIRST
+        for offset in range(VETH_INDEXES):
+            self.index = VETH_FIRST + (first + offset) % VETH_INDEXES
+            argv = ["ip", "link", "add", self.link, "type", "veth", "peer", "name",
+                    f"sbv{self.index}n", "netns", self.name]  # fmt: skip
+            if subprocess.run(argv, capture_output=True).returncode == 0:
+                break
+        else:
+            raise AssertionError("no free veth index for a test network namespace")
+        self.created = True
+        outer, inner = self.link, f"sbv{self.index}n"
         self._ip("addr", "add", f"{self.host_address}/30", "dev", outer)
         self._ip("link", "set", outer, "up")
         self._ip("-n", self.name, "addr", "add", f"{self.ns_address}/30", "dev", inner)
@@ -209,9 +230,11 @@ class NetNs:
         self._ip("-n", self.name, "link", "set", "lo", "up")
 
     def delete(self) -> None:
-        """Remove the namespace (its veth pair goes with it)."""
+        """Remove the namespace and the veth pair it created (the pair goes with it)."""
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
-        subprocess.run(["ip", "link", "del", f"sbv{self.index}h"], capture_output=True)
+        if self.created:
+            subprocess.run(["ip", "link", "del", self.link], capture_output=True)
+            self.created = False
 
 
 class Proc:
@@ -255,6 +278,10 @@ class Proc:
         """What this process logged (not an earlier process of the same log)."""
         return self.log.read_bytes()[self.offset :].decode(errors="replace")
 
+    def own_text(self) -> str:
+        """What this process logged (not an earlier process of the same log)."""
+        return self.log.read_bytes()[self.offset :].decode(errors="replace")
+
 
 @dataclass
 class LabHost:
@@ -293,7 +320,8 @@ class Fleet:
         self.coordinator_key = own_coordinator_key(self.coordinator_home / COORDINATOR_KEY_FILE)
         self.hosts: dict[str, LabHost] = {}
         for i, name in enumerate(host_names, start=1):
-            ns = NetNs(f"{netns_prefix}-{name}", 200 + i) if netns_prefix else None
+            ns = NetNs(f"{netns_prefix}-{name}", VETH_FIRST + (os.getpid() * 8 + i) % VETH_INDEXES)
+            ns = ns if netns_prefix else None
             self.hosts[name] = LabHost(name, root / f"home-{name}", root / f"work-{name}", ns)
             self.hosts[name].trust(self.coordinator_key)
         for host in self.hosts.values():

@@ -4,7 +4,8 @@
 starts a stray child in the environment's cgroup, waits the seconds named in the work root's
 ``hold-s`` file, then runs the real payload. So a test can kill a runner or a worker in the
 middle of a prepared environment (workspace copied, cgroups created, a staged overlay mounted,
-processes running) and then look for what survived.
+processes running) and then look for what survived. With a ``fill-disk`` file in the work root
+it first fills the workspace's file system, so the payload's writes fail with ENOSPC.
 """
 
 from __future__ import annotations
@@ -15,17 +16,21 @@ from pathlib import Path
 
 import psutil
 
+from tests.fleet_helpers import wait_until
 from worker.ledger import ENVS_DIR, LEDGER_DIR
 from worker.quota import PARENT_NAME, cgroup_mounts
 
 HOLD_FILE = "hold-s"
+FILL_FILE = "fill-disk"  # present in the work root: the environment fills its disk first
 STRAY_S = 1000  # the stray child's sleep: it outlives any test unless something kills it
 HOLDING_PYTHON = f"""#!/bin/sh
 # A payload interpreter that holds the environment (tests/leftovers.py).
 case "$3" in --version) exec /usr/bin/python3 "$@";; esac
 ws=""; prev=""
 for a in "$@"; do [ "$prev" = "--root" ] && ws="$a"; prev="$a"; done
-hold=$(cat "${{ws%%/{ENVS_DIR}/*}}/{HOLD_FILE}" 2>/dev/null || echo 0)
+root="${{ws%%/{ENVS_DIR}/*}}"
+hold=$(cat "$root/{HOLD_FILE}" 2>/dev/null || echo 0)
+[ -e "$root/{FILL_FILE}" ] && dd if=/dev/zero of="$ws/.fill" bs=1M 2>/dev/null
 sleep {STRAY_S} &
 sleep "$hold"
 exec /usr/bin/python3 "$@"
@@ -96,6 +101,30 @@ def leftovers(work_root: Path, prefix: str) -> dict[str, list[str]]:
         "files": [str(work_root / ENVS_DIR / n) for n in env_names(work_root)]
         + ([str(p) for p in sorted(ledger.iterdir())] if ledger.is_dir() else []),
     }
+
+
+def holding(work_root: Path, timeout: float = 60) -> str:
+    """Wait until an environment of ``work_root`` has its overlay mounted and runs; its name."""
+
+    def ready() -> str | None:
+        for name in env_names(work_root):
+            merged = work_root / ENVS_DIR / name / "env" / "stage" / "merged"
+            if merged.is_mount() and len(cgroup_pids(cgroup_dirs(name))) >= 2:
+                return name
+        return None
+
+    return wait_until(ready, timeout, f"an environment holding in {work_root}", 0.05)
+
+
+def runs(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie waiting for its parent."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+NOTHING = {"processes": [], "cgroups": [], "mounts": [], "files": []}  # leftovers() of a clean root
 
 
 def _describe(pid: int) -> str:

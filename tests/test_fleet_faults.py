@@ -1,19 +1,26 @@
-"""Fleet repairs and faults: rerun by task id, kill -9 of a worker (its leftovers reaped), redis
-restart, coordinator kill -9, a queued message that vanished, a partitioned host, duplicate
-delivery, a full work-root disk."""
+"""Fleet repairs and faults: rerun by task id, kill -9 of a worker, redis restart, coordinator
+kill -9, a queued message that vanished, a partitioned host, duplicate delivery, a full disk.
+
+(A worker killed mid staged environment, its leftovers reaped at restart: tests/test_reaper.py.)
+"""
 
 from __future__ import annotations
 
 import csv
+import os
+import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from coordinator.store import Store
+from tests.conftest import require
 from tests.fleet_helpers import (
+    OPS_APPENDFSYNC,
     VISIBILITY_TIMEOUT_S,
     assert_each_once,
     dispatch,
@@ -26,17 +33,7 @@ from tests.fleet_helpers import (
     wait_until,
     write_plan,
 )
-from tests.leftovers import (
-    cgroup_dirs,
-    cgroup_pids,
-    env_names,
-    hold,
-    holding_python,
-    leftovers,
-    mounts_under,
-)
-from worker.cgroupsv1 import CONTROLLERS
-from worker.quota import cgroup_mounts, detect
+from tests.leftovers import FILL_FILE, NOTHING, hold, holding_python, leftovers
 
 pytestmark = pytest.mark.fleet
 __all__ = ["make_fleet"]  # the fixture, re-used from test_fleet
@@ -49,6 +46,14 @@ LOST_BOUND_S = 60
 # A vanished message: its lease (limit 4 s + slack 3 s after the host's last progress) runs out,
 # the sweep (every 2 s) queues it again or marks it lost; then the campaign finishes.
 LEASE_BOUND_S = 60
+# A partition of the host's link for longer than the visibility timeout (its message comes back).
+PARTITION_S = VISIBILITY_TIMEOUT_S + 4
+
+
+def _plan(fleet: Any, **fields: Any) -> Path:
+    """A small plan in the fleet's directory, without the machine-state sentinel (lean in time:
+    the faults here concern the environments, and each test counts them)."""
+    return write_plan(fleet.root / "plan.toml", sentinel=False, **fields)
 
 
 def _running(fleet: Any) -> list[str]:
@@ -68,8 +73,7 @@ def test_rerun_task_id_reruns_the_failed_cell_as_a_new_attempt(make_fleet: Any) 
     fleet.start_coordinator()
     flag = fleet.root / "runtime-installed"
     workloads, modes = ["publish", "seq-write"], [flaky_mode("flaky", flag)]
-    plan = write_plan(fleet.root / "plan.toml", environments=2, rounds=1, workloads=workloads,
-                      modes=modes)  # fmt: skip
+    plan = _plan(fleet, environments=2, rounds=1, workloads=workloads, modes=modes)
     campaign = dispatch(fleet, plan, "lab-a")
     first = wait_finished(fleet, campaign)
     failures = first["hosts"][0]["failures"]
@@ -101,8 +105,9 @@ def test_kill9_of_a_worker_mid_environment_reruns_it_once(make_fleet: Any) -> No
     fleet.register_hosts()
     worker = fleet.start_worker("lab-a")
     fleet.start_coordinator()
-    plan = write_plan(fleet.root / "plan.toml", environments=3, rounds=1, workloads=["publish"],
-                      modes=[slow_mode("slow", 2.0)])  # fmt: skip
+    plan = _plan(
+        fleet, environments=3, rounds=1, workloads=["publish"], modes=[slow_mode("slow", 2.0)]
+    )
     start = time.monotonic()
     campaign = dispatch(fleet, plan, "lab-a")
     try:
@@ -121,47 +126,61 @@ def test_kill9_of_a_worker_mid_environment_reruns_it_once(make_fleet: Any) -> No
 
 
 def test_redis_restart_mid_campaign_loses_nothing(make_fleet: Any) -> None:
-    """redis-server killed and restarted from its append-only file: every environment once."""
+    """redis-server killed mid-campaign and restarted from its append-only file (fsync as in
+    ops/redis.conf): every environment stored exactly once, the campaign completes, verifies."""
     fleet = make_fleet(["lab-a", "lab-b"])
+    config = (fleet.redis.dir / "redis.conf").read_text()
+    assert "appendonly yes" in config and f"appendfsync {OPS_APPENDFSYNC}" in config
     fleet.register_hosts()
     for name in fleet.hosts:
         fleet.start_worker(name)
     fleet.start_coordinator()
-    plan = write_plan(fleet.root / "plan.toml", environments=3, rounds=1, workloads=["publish"],
-                      modes=[slow_mode("slow", 1.0)])  # fmt: skip
+    plan = _plan(
+        fleet, environments=3, rounds=1, workloads=["publish"], modes=[slow_mode("slow", 1.0)]
+    )
     start = time.monotonic()
     campaign = dispatch(fleet, plan, "lab-a,lab-b")
     store = Store(fleet.data)
     wait_until(lambda: store.records(campaign, "lab-a"), 60, "a first stored record")
+    wait_until(lambda: _running(fleet), 30, "an environment running", 0.05)
     fleet.redis.restart(down_s=2.0)
-    wait_finished(fleet, campaign, FAULT_BOUND_S)
+    final = wait_finished(fleet, campaign, FAULT_BOUND_S)
     assert time.monotonic() - start < FAULT_BOUND_S
-    for name in fleet.hosts:
+    for name, host in zip(fleet.hosts, final["hosts"], strict=True):
         records = assert_each_once(fleet, campaign, name)
         assert all(r.outcome == "passed" for r in records), [r.detail for r in records]
+        assert _lines(fleet, campaign, name) == host["planned"] and host["lost"] == 0
+    _verify(fleet, campaign)
 
 
-def test_coordinator_kill_and_restart_stores_everything_once(make_fleet: Any) -> None:
-    """The coordinator killed with SIGKILL and restarted: records wait in its queue, none lost."""
+def test_coordinator_kill_with_records_in_flight_stores_everything_once(make_fleet: Any) -> None:
+    """The coordinator stopped while records arrive, then killed with SIGKILL and restarted:
+    the records waiting in its queue (one taken, unacknowledged) are each stored once."""
     fleet = make_fleet(["lab-a"])
     fleet.register_hosts()
     fleet.start_worker("lab-a")
     coordinator = fleet.start_coordinator()
     workloads = ["publish", "seq-write"]
-    plan = write_plan(fleet.root / "plan.toml", environments=3, rounds=1, workloads=workloads,
-                      modes=[slow_mode("slow", 0.5)])  # fmt: skip
+    plan = _plan(
+        fleet, environments=3, rounds=1, workloads=workloads, modes=[slow_mode("slow", 0.5)]
+    )
     start = time.monotonic()
     campaign = dispatch(fleet, plan, "lab-a")
     store = Store(fleet.data)
     wait_until(lambda: store.records(campaign, "lab-a"), 60, "a first stored record")
+    os.killpg(coordinator.popen.pid, signal.SIGSTOP)  # frozen wherever it was, mid-store too
+    stored = len(store.records(campaign, "lab-a"))
+    wait_until(lambda: _handed_over(fleet, campaign) >= stored + 2, 60, "records in flight")
     coordinator.kill9()
-    time.sleep(VISIBILITY_TIMEOUT_S / 2)  # records pile up in the coordinator's queue
     fleet.start_coordinator()
-    wait_finished(fleet, campaign, FAULT_BOUND_S)
+    final = wait_finished(fleet, campaign, FAULT_BOUND_S)
     assert time.monotonic() - start < FAULT_BOUND_S
     records = assert_each_once(fleet, campaign, "lab-a")
     assert all(r.outcome == "passed" for r in records), [r.detail for r in records]
+    (host,) = final["hosts"]
+    assert _lines(fleet, campaign, "lab-a") == host["planned"] and host["lost"] == 0
     assert (Path(store.host_dir(campaign, "lab-a")) / "results.csv").exists()
+    _verify(fleet, campaign)
 
 
 def test_a_worker_that_never_returns_leaves_its_environment_marked_lost(make_fleet: Any) -> None:
@@ -170,8 +189,9 @@ def test_a_worker_that_never_returns_leaves_its_environment_marked_lost(make_fle
     fleet.register_hosts()
     worker = fleet.start_worker("lab-a")
     fleet.start_coordinator()
-    plan = write_plan(fleet.root / "plan.toml", environments=1, rounds=1, workloads=["publish"],
-                      modes=[slow_mode("slow", 3.0)])  # fmt: skip
+    plan = _plan(
+        fleet, environments=1, rounds=1, workloads=["publish"], modes=[slow_mode("slow", 3.0)]
+    )
     start = time.monotonic()
     campaign = dispatch(fleet, plan, "lab-a")
     try:
@@ -184,6 +204,21 @@ def test_a_worker_that_never_returns_leaves_its_environment_marked_lost(make_fle
     (host,) = final["hosts"]
     assert host["lost"] == 1 and host["outcomes"] == {}
     assert host["failures"][0]["reason"].startswith("lost: worker stopped mid-environment")
+
+
+def _lines(fleet: Any, campaign: str, host: str) -> int:
+    """Lines of the host's records file: a duplicate stored would show as one more."""
+    path = Store(fleet.data).records_path(campaign, host)
+    return sum(1 for line in path.read_text().splitlines() if line.strip())
+
+
+def _handed_over(fleet: Any, campaign: str) -> int:
+    """Environments whose record a worker has handed over (its done mark is set)."""
+    client = fleet.redis.client()
+    try:
+        return sum(1 for _ in client.scan_iter(f"sandbench:done:{campaign}/*"))
+    finally:
+        client.close()
 
 
 def _verify(fleet: Any, campaign: str) -> None:
@@ -203,83 +238,13 @@ def _remove_queued(fleet: Any, host: str, task_id: str) -> None:
         client.close()
 
 
-def _runs(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie waiting for its parent."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _holding(work_root: Path) -> str:
-    """Wait until an environment of ``work_root`` has its overlay mounted and runs; its name."""
-
-    def ready() -> str | None:
-        for name in env_names(work_root):
-            merged = work_root / "envs" / name / "env" / "stage" / "merged"
-            if merged.is_mount() and len(cgroup_pids(cgroup_dirs(name))) >= 2:
-                return name
-        return None
-
-    return wait_until(ready, 60, f"an environment holding in {work_root}", 0.05)
-
-
-def test_kill9_mid_staged_environment_leftovers_are_reaped_before_the_next(
-    make_fleet: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A worker killed mid staged environment leaves a mount, cgroups in every hierarchy,
-    processes and a workspace; restarted, it reaps them before its next environment, while the
-    other worker's running environment is untouched and passes."""
-    fleet = make_fleet(["lab-a", "lab-b"])
-    monkeypatch.setenv("SANDBENCH_PYTHON", str(holding_python(fleet.root)))
-    a, b = fleet.hosts["lab-a"].work_root, fleet.hosts["lab-b"].work_root
-    hold(a, 600)
-    hold(b, 20)
-    fleet.register_hosts()
-    worker = fleet.start_worker("lab-a")
-    fleet.start_worker("lab-b")
-    fleet.start_coordinator()
-    plan = write_plan(fleet.root / "plan.toml", environments=1, rounds=1, workloads=["publish"],
-                      modes=["staged"], limit_s=60, sentinel=False)  # fmt: skip
-    campaign = dispatch(fleet, plan, "lab-a,lab-b")
-    try:
-        killed, running = _holding(a), _holding(b)
-        groups = cgroup_dirs(killed)
-        if detect() == 1:  # the environment's cgroup is in every v1 controller's hierarchy
-            mounts = cgroup_mounts()
-            assert {mounts[c] for c in CONTROLLERS if c in mounts} <= {g.parents[1] for g in groups}
-        strays, others = cgroup_pids(groups), cgroup_pids(cgroup_dirs(running))
-        worker.kill9()
-        hold(a, 0)
-        assert all(_runs(p) for p in strays) and mounts_under(a)
-        restarted = fleet.start_worker("lab-a")
-        assert killed not in env_names(a) and cgroup_dirs(killed) == []
-        assert not [m for m in mounts_under(a) if killed in m]
-        assert not [p for p in strays if _runs(p)]
-        assert (b / "envs" / running / "env" / "stage" / "merged").is_mount()
-        assert cgroup_dirs(running) and all(_runs(p) for p in others)
-        wait_finished(fleet, campaign, FAULT_BOUND_S)
-    finally:
-        remove_leftover_cgroups(campaign)
-    log = restarted.own_text()
-    assert f"reaper: reaped mount {a}/envs/{killed}/env/stage/merged" in log, log
-    assert log.index("reaper: reaped") < log.index("Task run_environment[")
-    for name in fleet.hosts:
-        (record,) = assert_each_once(fleet, campaign, name)
-        assert record.outcome == "passed", record.detail
-    assert leftovers(a, campaign) == leftovers(b, campaign) == {
-        "processes": [], "cgroups": [], "mounts": [], "files": []
-    }  # fmt: skip
-
-
 def test_a_queued_message_that_vanished_is_queued_again_and_verifies(make_fleet: Any) -> None:
     """A message deleted from the host's queue never starts: the coordinator queues it again
     (same key and attempt) once its lease ran out, the campaign completes and verifies."""
     fleet = make_fleet(["lab-a"])
     fleet.register_hosts()
     fleet.start_coordinator()
-    plan = write_plan(fleet.root / "plan.toml", environments=2, rounds=1, workloads=["publish"],
-                      limit_s=4, sentinel=False)  # fmt: skip
+    plan = _plan(fleet, environments=2, rounds=1, workloads=["publish"], limit_s=4)
     campaign = dispatch(fleet, plan, "lab-a")
     vanished = Store(fleet.data).load_campaign(campaign).host_specs("lab-a")[0]
     _remove_queued(fleet, "lab-a", str(vanished.task_id))
@@ -299,8 +264,7 @@ def test_a_queued_message_of_a_host_that_is_gone_is_marked_lost(make_fleet: Any)
     fleet = make_fleet(["lab-a"])
     fleet.register_hosts()
     fleet.start_coordinator()
-    plan = write_plan(fleet.root / "plan.toml", environments=1, rounds=1, workloads=["publish"],
-                      limit_s=4, sentinel=False)  # fmt: skip
+    plan = _plan(fleet, environments=1, rounds=1, workloads=["publish"], limit_s=4)
     campaign = dispatch(fleet, plan, "lab-a")
     (spec,) = Store(fleet.data).load_campaign(campaign).host_specs("lab-a")
     _remove_queued(fleet, "lab-a", str(spec.task_id))
@@ -311,3 +275,117 @@ def test_a_queued_message_of_a_host_that_is_gone_is_marked_lost(make_fleet: Any)
     assert host["failures"][0]["reason"] == reason
     text = fleet.cli("status", campaign, "--data", str(fleet.data)).stdout
     assert "1 lost" in text and f"lost {spec.key()}: queued but never started" in text, text
+
+
+def _runs(fleet: Any, task_id: str) -> int:
+    """How many times the worker ran ``task_id``'s environment to a record (its log)."""
+    lines = fleet.workers["lab-a"].text().splitlines()
+    return sum(1 for line in lines if f"[{task_id}] succeeded" in line and "outcome:" in line)
+
+
+def test_a_partition_longer_than_the_visibility_timeout_runs_once_more_at_most(
+    make_fleet: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host cut off from Redis (its veth down) past the visibility timeout, then healed: its
+    environment ran at most once more, the first record stored wins (a later one is dropped
+    and counted), every environment has one record and verify passes."""
+    fleet = make_fleet(["lab-a"], netns=True)
+    monkeypatch.setenv("SANDBENCH_PYTHON", str(holding_python(fleet.root)))
+    host = fleet.hosts["lab-a"]
+    hold(host.work_root, 3)
+    fleet.register_hosts()
+    fleet.start_worker("lab-a")
+    fleet.start_coordinator()
+    plan = _plan(fleet, environments=2, rounds=1, workloads=["publish"])
+    campaign = dispatch(fleet, plan, "lab-a")
+    (alive,) = wait_until(lambda: _running(fleet), 60, "the first environment to start", 0.05)
+    key = alive.removeprefix("sandbench:alive:")
+    link = host.netns.link
+    subprocess.run(["ip", "link", "set", link, "down"], check=True)
+    time.sleep(PARTITION_S)
+    subprocess.run(["ip", "link", "set", link, "up"], check=True)
+    final = wait_finished(fleet, campaign, FAULT_BOUND_S)
+    records = assert_each_once(fleet, campaign, "lab-a")
+    assert all(r.outcome == "passed" for r in records), [r.detail for r in records]
+    task_id = str(Store(fleet.data).load_campaign(campaign).spec_by_key()[key].task_id)
+    runs = _runs(fleet, task_id)
+    assert 1 <= runs <= 2, fleet.logs_text()
+    assert final["hosts"][0]["duplicates"] == runs - 1
+    redelivered = f"duplicate delivery of {key}" in fleet.workers["lab-a"].text()
+    assert runs == 2 or redelivered, fleet.logs_text()  # the message did come back
+    _verify(fleet, campaign)
+
+
+def _copy_queued(fleet: Any, queue: str, needle: str) -> None:
+    """Push a byte-for-byte copy of the queued message containing ``needle`` (a redelivery)."""
+    client = fleet.redis.client()
+    try:
+        (message,) = [m for m in client.lrange(queue, 0, -1) if needle in m]
+        client.lpush(queue, message)
+    finally:
+        client.close()
+
+
+def test_duplicate_deliveries_of_a_message_give_one_record(make_fleet: Any) -> None:
+    """The same environment message queued twice runs once; the same record message queued
+    twice is stored once, the copy dropped and counted; verify passes."""
+    fleet = make_fleet(["lab-a"])
+    fleet.register_hosts()
+    plan = _plan(fleet, environments=2, rounds=1, workloads=["publish"])
+    campaign = dispatch(fleet, plan, "lab-a")
+    first, _second = Store(fleet.data).load_campaign(campaign).host_specs("lab-a")
+    _copy_queued(fleet, "host.lab-a", str(first.task_id))
+    fleet.start_worker("lab-a")
+    wait_until(lambda: _handed_over(fleet, campaign) == 2, 60, "both records handed over")
+    wait_until(lambda: f"duplicate delivery of {first.key()}" in fleet.workers["lab-a"].text(),
+               30, "the copy dropped by the worker")  # fmt: skip
+    _copy_queued(fleet, "coordinator", f"#{first.env_index} attempt")
+    fleet.start_coordinator()
+    final = wait_finished(fleet, campaign, FAULT_BOUND_S)
+    assert final["hosts"][0]["duplicates"] == 1, final
+    assert _runs(fleet, str(first.task_id)) == 1
+    records = assert_each_once(fleet, campaign, "lab-a")
+    assert _lines(fleet, campaign, "lab-a") == len(records) == 2
+    _verify(fleet, campaign)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 48 MiB tmpfs to be a work root."""
+    require(os.geteuid() == 0, "root (mount a tmpfs)")
+    point = tmp_path / "small-disk"
+    point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "sbdisk", str(point)], check=True)
+    yield point
+    subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def test_a_full_work_root_disk_is_no_space_and_the_worker_goes_on(
+    make_fleet: Any, monkeypatch: pytest.MonkeyPatch, small_disk: Path
+) -> None:
+    """An environment whose work-root disk fills up mid-way is resource/no-space; the worker
+    stays up, frees the space and passes the next campaign's environment."""
+    fleet = make_fleet(["lab-a"])
+    host = fleet.hosts["lab-a"]
+    host.work_root = small_disk
+    monkeypatch.setenv("SANDBENCH_PYTHON", str(holding_python(fleet.root)))
+    (small_disk / FILL_FILE).touch()
+    fleet.register_hosts()
+    worker = fleet.start_worker("lab-a")
+    fleet.start_coordinator()
+    plan = _plan(fleet, environments=1, rounds=1, workloads=["publish"])
+    try:
+        full = dispatch(fleet, plan, "lab-a")
+        wait_finished(fleet, full, FAULT_BOUND_S)
+        (record,) = assert_each_once(fleet, full, "lab-a")
+        assert (record.outcome, record.failure_class, record.reason) == (
+            "failed", "resource", "no-space"), record.detail  # fmt: skip
+        (small_disk / FILL_FILE).unlink()
+        after = dispatch(fleet, plan, "lab-a")
+        wait_finished(fleet, after, FAULT_BOUND_S)
+        (record,) = assert_each_once(fleet, after, "lab-a")
+        assert record.outcome == "passed", record.detail
+        assert worker.alive() and fleet.workers["lab-a"] is worker
+        assert leftovers(small_disk, full) == leftovers(small_disk, after) == NOTHING
+    finally:
+        fleet.close()

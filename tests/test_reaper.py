@@ -15,13 +15,33 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, require, require_binary
-from tests.fleet_helpers import wait_until
-from tests.leftovers import cgroup_dirs, cgroup_pids, env_names, hold, holding_python, leftovers
+from tests.fleet_helpers import (
+    assert_each_once,
+    dispatch,
+    make_fleet,
+    remove_leftover_cgroups,
+    wait_finished,
+    wait_until,
+    write_plan,
+)
+from tests.leftovers import (
+    NOTHING,
+    cgroup_dirs,
+    cgroup_pids,
+    env_names,
+    hold,
+    holding,
+    holding_python,
+    leftovers,
+    mounts_under,
+    runs,
+)
 from worker import ledger
-from worker.cgroupsv1 import REQUIRED
+from worker.cgroupsv1 import CONTROLLERS, REQUIRED
 from worker.quota import cgroup_mounts, detect
 
-START_BOUND_S = 60  # an environment prepared and holding, from the runner's start
+__all__ = ["make_fleet"]  # the fixture, re-used from fleet_helpers
+REAP_BOUND_S = 120  # a two-host campaign with a worker killed, restarted and its message back
 
 
 def _sandbench(*args: str, env: dict[str, str], **popen: Any) -> subprocess.Popen[str]:
@@ -60,18 +80,6 @@ def _staged(work_root: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def _holding(work_root: Path) -> str:
-    """Wait until one environment of ``work_root`` is mounted and runs processes; its name."""
-
-    def ready() -> str | None:
-        names = env_names(work_root)
-        if not names or not (work_root / "envs" / names[0] / "env/stage/merged").is_mount():
-            return None
-        return names[0] if len(cgroup_pids(cgroup_dirs(names[0]))) >= 2 else None
-
-    return wait_until(ready, START_BOUND_S, f"an environment holding in {work_root}")
-
-
 def test_host_clean_reaps_a_killed_staged_environment_and_spares_a_live_one(
     tmp_path: Path, env: dict[str, str]
 ) -> None:
@@ -84,7 +92,7 @@ def test_host_clean_reaps_a_killed_staged_environment_and_spares_a_live_one(
         hold(root, seconds)
     live = _staged(live_root, env)
     dead = _staged(dead_root, env)
-    dead_name, live_name = _holding(dead_root), _holding(live_root)
+    dead_name, live_name = holding(dead_root), holding(live_root)
     if detect() == 1:
         mounts = cgroup_mounts()
         for controller in REQUIRED:
@@ -100,8 +108,7 @@ def test_host_clean_reaps_a_killed_staged_environment_and_spares_a_live_one(
     kinds = [item["kind"] for item in result["reaped"]]
     assert {"process", "cgroup", "mount", "workspace"} <= set(kinds), result
     assert kinds.count("cgroup") == len(before["cgroups"]), result
-    assert leftovers(dead_root, dead_name) == {"processes": [], "cgroups": [], "mounts": [],
-                                               "files": []}  # fmt: skip
+    assert leftovers(dead_root, dead_name) == NOTHING
     assert result["problems"] == [] and result["skipped"] == []
     assert live.poll() is None and (live_root / "envs" / live_name / "env/stage/merged").is_mount()
     out, err = live.communicate(timeout=120)
@@ -131,6 +138,53 @@ def test_an_entry_whose_creator_lives_is_left_alone_until_it_dies(
     result = _clean(root, env)
     assert [i["kind"] for i in result["reaped"]] == ["mount", "workspace"], result
     assert not merged.parent.exists() and not list((root / "owned").iterdir())
+
+
+@pytest.mark.fleet
+def test_kill9_mid_staged_environment_leftovers_are_reaped_before_the_next(
+    make_fleet: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed mid staged environment leaves a mount, cgroups in every hierarchy,
+    processes and a workspace; restarted, it reaps them before its next environment, while the
+    other worker's running environment is untouched and passes."""
+    fleet = make_fleet(["lab-a", "lab-b"])
+    monkeypatch.setenv("SANDBENCH_PYTHON", str(holding_python(fleet.root)))
+    a, b = fleet.hosts["lab-a"].work_root, fleet.hosts["lab-b"].work_root
+    hold(a, 600)
+    hold(b, 20)
+    fleet.register_hosts()
+    worker = fleet.start_worker("lab-a")
+    fleet.start_worker("lab-b")
+    fleet.start_coordinator()
+    plan = write_plan(fleet.root / "plan.toml", environments=1, rounds=1, workloads=["publish"],
+                      modes=["staged"], limit_s=60, sentinel=False)  # fmt: skip
+    campaign = dispatch(fleet, plan, "lab-a,lab-b")
+    try:
+        killed, running = holding(a), holding(b)
+        groups = cgroup_dirs(killed)
+        if detect() == 1:  # the environment's cgroup is in every v1 controller's hierarchy
+            mounts = cgroup_mounts()
+            assert {mounts[c] for c in CONTROLLERS if c in mounts} <= {g.parents[1] for g in groups}
+        strays, others = cgroup_pids(groups), cgroup_pids(cgroup_dirs(running))
+        worker.kill9()
+        hold(a, 0)
+        assert all(runs(p) for p in strays) and mounts_under(a)
+        restarted = fleet.start_worker("lab-a")
+        assert killed not in env_names(a) and cgroup_dirs(killed) == []
+        assert not [m for m in mounts_under(a) if killed in m]
+        assert not [p for p in strays if runs(p)]
+        assert (b / "envs" / running / "env" / "stage" / "merged").is_mount()
+        assert cgroup_dirs(running) and all(runs(p) for p in others)
+        wait_finished(fleet, campaign, REAP_BOUND_S)
+    finally:
+        remove_leftover_cgroups(campaign)
+    log = restarted.own_text()
+    assert f"reaper: reaped mount {a}/envs/{killed}/env/stage/merged" in log, log
+    assert log.index("reaper: reaped") < log.index("Task run_environment[")
+    for name in fleet.hosts:
+        (record,) = assert_each_once(fleet, campaign, name)
+        assert record.outcome == "passed", record.detail
+    assert leftovers(a, campaign) == leftovers(b, campaign) == NOTHING
 
 
 @pytest.fixture

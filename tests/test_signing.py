@@ -1,4 +1,4 @@
-"""Host keys, the trusted registry and record signatures."""
+"""Host keys, the coordinator key, the trusted registry, record and spec signatures."""
 
 from __future__ import annotations
 
@@ -6,14 +6,17 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from coordinator.registry import HostRegistry
-from tasks.errors import HostKeyError, RecordRejected
-from tasks.records import EnvironmentRecord, RoundRecord
-from tasks.signing import HostKey, canonical_json, sign_record, verify_record
+from tasks.errors import HostKeyError, RecordRejected, SpecRefused
+from tasks.records import EnvironmentRecord, EnvironmentSpec, RoundRecord
+from tasks.signing import CoordinatorKey, HostKey, canonical_json, sign_record, verify_record
+from tasks.spec_signing import check_spec, sign_spec
+from tests.conftest import REPO
 
 
 def _record(host: str = "lab-a", **fields: object) -> EnvironmentRecord:
@@ -152,3 +155,89 @@ def test_changed_key_is_refused_naming_both_fingerprints_and_the_fix(tmp_path: P
     entry = HostRegistry(Path(reg)).entries()["lab-a"]
     assert entry["public_key"] == new.public_b64()
     assert [r["public_key"] for r in entry["replaced"]] == [old.public_b64()]
+
+
+def test_coordinator_init_makes_one_key_trusts_it_and_exports_the_public_half(
+    tmp_path: Path,
+) -> None:
+    """`coordinator init --export` makes a 0600 key once, trusts it locally, exports it alone."""
+    home, out = tmp_path / "home", tmp_path / "export"
+    first = _cli("coordinator", "init", "--home", str(home), "--export", str(out))
+    assert first.returncode == 0 and "new coordinator key" in first.stdout, first.stderr
+    key = CoordinatorKey.load_or_create(home / "coordinator.key")
+    assert os.stat(home / "coordinator.key").st_mode & 0o777 == 0o600
+    assert (out / "coordinator.pub").read_text() == key.public_b64() + "\n"
+    assert sorted(p.name for p in out.iterdir()) == ["coordinator.pub"]
+    trusted = HostRegistry(home / "hosts.json").coordinators()
+    assert list(trusted) == [key.key_id.split(":")[1]]
+    again = _cli("coordinator", "init", "--home", str(home))
+    assert "existing coordinator key" in again.stdout and key.key_id in again.stdout
+
+
+def test_a_worker_trusts_one_coordinator_key_and_refuses_a_changed_one(tmp_path: Path) -> None:
+    """`host trust-coordinator` installs a key; another exits 2 with both fingerprints."""
+    old, new = CoordinatorKey.generate(), CoordinatorKey.generate()
+    pub = tmp_path / "coordinator.pub"
+    pub.write_text(old.public_b64() + "\n")
+    home = ["--home", str(tmp_path / "worker")]
+    assert _cli("host", "trust-coordinator", str(pub), *home).returncode == 0
+    refused = _cli("host", "trust-coordinator", new.public_b64(), *home)
+    old_print, new_print = old.key_id.split(":")[1], new.key_id.split(":")[1]
+    assert refused.returncode == 2
+    assert f"trusted fingerprint {old_print}, presented {new_print}" in refused.stderr
+    assert (tmp_path / "worker" / "coordinator.pub").read_text().strip() == old.public_b64()
+    replaced = _cli("host", "trust-coordinator", new.public_b64(), *home, "--replace")
+    assert replaced.returncode == 0 and new_print in replaced.stdout
+
+
+def test_a_spec_signature_covers_every_field_and_names_its_key() -> None:
+    """A signed spec passes; any changed field, another key or no trusted key is refused."""
+    key = CoordinatorKey.generate()
+    planned = EnvironmentSpec(campaign="c-20261201-5a5a", host="lab-a", mode="native",
+                              workload="publish", env_index=0, work_root="/w")  # fmt: skip
+    spec = sign_spec(planned, key)
+    check_spec(spec, key.public_b64(), "test")
+    changes = {"mode_options": {"template": "id"}, "limit_s": 91.0, "host": "lab-b",
+               "attempt": 2, "work_root": "/elsewhere"}  # fmt: skip
+    for name, value in changes.items():
+        with pytest.raises(SpecRefused, match="bad spec signature"):
+            check_spec(spec.model_copy(update={name: value}), key.public_b64(), "test")
+    with pytest.raises(SpecRefused, match="but this worker trusts only"):
+        check_spec(spec, CoordinatorKey.generate().public_b64(), "test")
+    with pytest.raises(SpecRefused, match="trusts no coordinator key"):
+        check_spec(spec, None, "no file")
+
+
+def _install(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """ops/install.sh --role worker under ``root`` (files only: no package, key or service)."""
+    empty = root.parent / "no-password"
+    empty.write_text("\n")
+    argv = ["bash", str(REPO / "ops" / "install.sh"), "--role", "worker", "--host", "lab-a",
+            "--broker", "redis://127.0.0.1:6379/0", "--password-file", str(empty), *args,
+            "--root", str(root)]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def test_install_worker_trusts_the_coordinator_key_and_writes_its_allowlist(
+    tmp_path: Path,
+) -> None:
+    """install.sh --role worker installs the coordinator key and the allowlist; it refuses no
+    key, a malformed one and a changed one."""
+    root, etc = tmp_path / "root", tmp_path / "root" / "etc" / "sandbench"
+    missing = _install(root)
+    assert missing.returncode == 2 and "--coordinator-key FILE is required" in missing.stderr
+    bad = tmp_path / "bad.pub"
+    bad.write_text("not-a-key\n")
+    assert "is not an Ed25519 public key" in _install(root, "--coordinator-key", str(bad)).stderr
+    key, other = CoordinatorKey.generate(), CoordinatorKey.generate()
+    pub, changed = tmp_path / "coordinator.pub", tmp_path / "other.pub"
+    pub.write_text(key.public_b64() + "\n")
+    changed.write_text(other.public_b64() + "\n")
+    done = _install(root, "--coordinator-key", str(pub), "--allow-command-modes", "gvisor,nsjail")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (etc / "coordinator.pub").read_text().strip() == key.public_b64()
+    allowed = tomllib.loads((etc / "worker.toml").read_text())["allowed_command_modes"]
+    assert allowed == ["gvisor", "nsjail"]
+    again = _install(root, "--coordinator-key", str(changed))
+    assert again.returncode == 2 and "already trusts another coordinator key" in again.stderr
+    assert (etc / "coordinator.pub").read_text().strip() == key.public_b64()
