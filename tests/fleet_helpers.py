@@ -33,7 +33,6 @@ VISIBILITY_TIMEOUT_S = 6
 RESTORE_INTERVAL_S = 1
 LOST_GRACE_S = 4
 LEASE_SLACK_S = 3  # a queued environment never started: queued again after limit_s + this
-LEASE_SLACK_S = 3  # a queued environment never started: queued again after limit_s + this
 STOP_TIMEOUT_S = 15
 # The fsync policy of the lab's Redis (ops/redis.conf); benchmarks use it.
 OPS_APPENDFSYNC = next(
@@ -273,10 +272,6 @@ class Proc:
     def text(self) -> str:
         """Everything the process logged so far."""
         return self.log.read_text(errors="replace")
-
-    def own_text(self) -> str:
-        """What this process logged (not an earlier process of the same log)."""
-        return self.log.read_bytes()[self.offset :].decode(errors="replace")
 
     def own_text(self) -> str:
         """What this process logged (not an earlier process of the same log)."""
