@@ -120,12 +120,14 @@ def rerun_task(app: Celery, store: Store, task_id: str) -> tuple[str, list[str]]
         campaign, spec = store.find_task(task_id)
     except StoreError as exc:
         raise FleetError(f"{exc}; 'sandbench status ID' lists the task ids of failures") from exc
+    if spec.kind != "environment":  # a sentinel environment belongs to no cell
+        raise FleetError(f"task {task_id} is a sentinel environment, in no cell: nothing to rerun")
     return campaign, rerun_cell(app, store, campaign, spec.cell())
 
 
 def failed_cells(store: Store, campaign: str) -> list[tuple[str, str, str]]:
     """Cells whose latest attempt has a failed environment."""
-    planned = store.load_campaign(campaign).specs
+    planned = [s for s in store.load_campaign(campaign).specs if s.kind == "environment"]
     cells = []
     for host in sorted({s.host for s in planned}):
         records = host_progress(store, campaign, host, parse=True).records

@@ -195,7 +195,7 @@ def test_failing_sentinel_points_all_run(tmp_path: Path) -> None:
 
 def test_fleet_dispatch_runs_the_sentinel(make_fleet: Any) -> None:
     """Dispatched to a lab host: the sentinel points run there in their places, signed by the
-    host, stored, in no results row, and the report shows them."""
+    host, stored, in no results row, the report shows them, and rerun refuses one (no cell)."""
     fleet = make_fleet(["lab-a"])
     fleet.register_hosts()
     fleet.start_worker("lab-a")
@@ -214,3 +214,5 @@ def test_fleet_dispatch_runs_the_sentinel(make_fleet: Any) -> None:
     assert "sentinel-" not in results and "publish" in results
     report = (fleet.data / campaign / "report.md").read_text()
     assert "### Machine-state sentinel" in report and "| sentinel-cpu (ms) | 3 / 3 |" in report
+    out = fleet.cli("rerun", str(marks[0].task_id), "--data", str(fleet.data))
+    assert out.returncode == 2 and "is a sentinel environment, in no cell" in out.stderr, out
