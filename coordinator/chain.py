@@ -71,25 +71,26 @@ def parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """A stored line as its JSON object, or None and why it cannot be one as it stands."""
     try:
         text = raw.decode("utf-8")
+        data = json.loads(text, parse_constant=_no_constant)
     except UnicodeDecodeError as exc:
         return None, f"not UTF-8 at byte {exc.start}"
-    try:
-        data = json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant)
-    except _Duplicate as exc:
-        return None, f"names the key '{exc}' twice"
     except ValueError as exc:
         return None, f"not JSON ({exc}): truncated or edited"
     if not isinstance(data, dict):
         return None, "not a JSON object"
     again = canonical_json(data)
-    if again != raw:
-        at = next((i for i, (a, b) in enumerate(zip(again, raw, strict=False)) if a != b),
-                  min(len(again), len(raw)))  # fmt: skip
-        return None, (
-            f"does not round-trip byte for byte (differs at byte {at}: not sorted keys without "
-            "whitespace, or a number not written as the host wrote it)"
-        )
-    return data, None
+    if again == raw:
+        return data, None
+    try:  # a key named twice is one way not to round-trip: say so
+        json.loads(text, object_pairs_hook=_pairs)
+    except _Duplicate as exc:
+        return None, f"names the key '{exc}' twice"
+    at = next((i for i, (a, b) in enumerate(zip(again, raw, strict=False)) if a != b),
+              min(len(again), len(raw)))  # fmt: skip
+    return None, (
+        f"does not round-trip byte for byte (differs at byte {at}: not sorted keys without "
+        "whitespace, or a number not written as the host wrote it)"
+    )
 
 
 # --- final heads and the signed expansion --------------------------------------------------------

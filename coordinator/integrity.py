@@ -127,15 +127,15 @@ class LogCheck:
 
 def _content_problem(
     data: dict[str, Any], raw: bytes, campaign: str, host: str, registry: HostRegistry
-) -> str | None:
-    """Why a parsed line is not its host's unchanged record of this campaign, if it is not."""
+) -> EnvironmentRecord | str:
+    """The line's record if it is its host's unchanged record of this campaign, else why not."""
     if data.get("campaign") != campaign:
         return (f"belongs to campaign {data.get('campaign')!r}, not {campaign!r} (a record "
                 "replayed from another campaign)")  # fmt: skip
     if data.get("host") != host:
         return f"a record of host {data.get('host')!r} stored under host {host!r}"
     try:
-        EnvironmentRecord.model_validate_json(raw, strict=True)
+        record = EnvironmentRecord.model_validate_json(raw, strict=True)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
@@ -144,7 +144,7 @@ def _content_problem(
         verify_record_data(data, registry, campaign=campaign)
     except (RecordRejected, HostKeyError) as exc:
         return str(exc).split(": ", 1)[-1]
-    return None
+    return record
 
 
 def _link(data: dict[str, Any], campaign: str, host: str, registry: HostRegistry) -> str | None:
@@ -184,7 +184,8 @@ def check_lines(campaign: str, host: str, raws: list[bytes], registry: HostRegis
             line.duplicate = True
             continue
         seen[line.digest] = pos
-        problem = _content_problem(data, raw, campaign, host, registry)
+        checked = _content_problem(data, raw, campaign, host, registry)
+        problem = checked if isinstance(checked, str) else None
         link = _link(data, campaign, host, registry)
         if problem and problem.startswith("not a valid record"):
             out.problems.append(f"{line.key}: {where}: {problem}")
@@ -192,9 +193,9 @@ def check_lines(campaign: str, host: str, raws: list[bytes], registry: HostRegis
             out.problems.append(f"{line.key}: {problem or link} ({where})")
         if not link:
             line.seq, line.prev = data["chain"]["seq"], str(data["chain"]["prev"])
-        if not problem:
+        if isinstance(checked, EnvironmentRecord):
             line.sound = True
-            out.records.append(EnvironmentRecord.model_validate(data))
+            out.records.append(checked)
     out.problems += _structure(out, campaign)
     out.problems += _old_schema(out)
     return out

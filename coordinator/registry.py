@@ -8,6 +8,7 @@ coordinator's whose campaigns are verified here).
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import os
@@ -35,17 +36,31 @@ class HostRegistry:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = Path(path) if path is not None else default_registry_path()
+        self._cache: tuple[tuple[int, int, int], dict[str, Any]] | None = None
 
     def _read(self) -> dict[str, Any]:
-        if not self.path.exists():
+        """The registry as stored (parsed again only when the file changed: verify asks per
+        record). Callers that change it work on a copy."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
             return {"hosts": {}, "coordinators": {}}
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self._cache is not None and self._cache[0] == stamp:
+            return self._cache[1]
         try:
             data: dict[str, Any] = json.loads(self.path.read_text())
         except (OSError, ValueError) as exc:
             raise HostKeyError(f"{self.path}: unreadable host registry ({exc})") from exc
         data.setdefault("hosts", {})
         data.setdefault("coordinators", {})
+        self._cache = (stamp, data)
         return data
+
+    def _read_for_change(self) -> dict[str, Any]:
+        """A fresh copy of the registry to change and write back (under the lock)."""
+        self._cache = None
+        return copy.deepcopy(self._read())
 
     def _write(self, data: dict[str, Any]) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -65,7 +80,7 @@ class HostRegistry:
         public_key_from_b64(pubkey_b64)  # validates
         pubkey_b64 = pubkey_b64.strip()
         with self._locked():
-            data = self._read()
+            data = self._read_for_change()
             old = data["hosts"].get(name)
             if old is not None and old["public_key"] == pubkey_b64:
                 return False
@@ -84,7 +99,7 @@ class HostRegistry:
         public_key_from_b64(pubkey_b64)  # validates
         pubkey_b64 = pubkey_b64.strip()
         with self._locked():
-            data = self._read()
+            data = self._read_for_change()
             if fingerprint(pubkey_b64) in data["coordinators"]:
                 return False
             added = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
