@@ -229,7 +229,8 @@ def cpu_burners(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
 def test_a_busy_machine_withholds_the_verdict(campaigns: Campaigns) -> None:
     """B run while CPU burners compete: its sentinel and its cell both slow down, so compare
     prints the sentinel ratio and withholds "slower", saying the machine itself moved."""
-    plan = {"n": 10, "workload": "read-large", "scale": 0.1}
+    # a point every 2 environments: 6 per campaign, so each side's sentinel median is robust
+    plan = {"n": 10, "workload": "read-large", "scale": 0.1, "extra": "[sentinel]\nevery = 2\n"}
     campaigns.run("calm", **plan)  # type: ignore[arg-type]
     with cpu_burners(2 * len(os.sched_getaffinity(0))):
         campaigns.run("busy", **plan)  # type: ignore[arg-type]
