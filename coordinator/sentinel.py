@@ -139,6 +139,15 @@ class SentinelTable:
         """The sentinel's share of the environments' wall time (None before any ran)."""
         return self.sentinel_wall_s / self.wall_s if self.wall_s > 0 else None
 
+    def summary(self) -> str:
+        """One line: what the sentinel ran and its share of the environments' wall time."""
+        ran = int(self.points["status"].isin(["passed", "failed"]).sum())
+        share = "share not known yet" if self.share is None else (
+            f"{self.share:.2%} of the environments' wall time ({self.sentinel_wall_s:.1f} s of "
+            f"{self.wall_s:.1f} s)")  # fmt: skip
+        planned, points = len(self.points), self.points["env_index"].nunique()
+        return f"sentinel: {ran} of {planned} calibration environments ({points} points), {share}"
+
     def medians(self) -> dict[str, tuple[int, float]]:
         """Calibration workload -> (passed points, median task time in s), in run order."""
         ok = self.points[self.points["status"] == "passed"]

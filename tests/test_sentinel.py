@@ -121,6 +121,8 @@ def test_embedded_run_records_and_signs_the_sentinel(embedded: tuple[Lab, str, s
     assert all(r.oracle and r.oracle.ok and len(r.rounds) == 3 for r in marks)
     assert all(r.wall_s and r.wall_s > sum(x.task_s for x in r.rounds) for r in marks)
     assert "records: verified" in stdout
+    line = "host lab-test, cohort default: sentinel: 8 of 8 calibration environments (4 points), "
+    assert re.search(re.escape(line) + r"[\d.]+% of the environments' wall time \(", stdout)
     verify = lab.sandbench("verify", cid, "--data", str(lab.data), "--registry", str(lab.registry))
     assert f"({len(records)} records" in verify.stdout
 

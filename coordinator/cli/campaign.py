@@ -122,9 +122,11 @@ def print_report_table(table: ReportTable, console: Console) -> None:
 
 
 def print_tables(analysis: Analysis, console: Console) -> None:
-    """Print every host's main tables (never mixing hosts or cohorts)."""
+    """Print every host's main tables (never mixing hosts or cohorts) and its sentinel's share."""
     for t in analysis.tables:
         _print_items(tables_for(t), console)
+        if (mark := analysis.sentinel_of(t.host, t.cohort)) is not None:
+            click.echo(f"host {t.host}, cohort {t.cohort}: {mark.summary()}")
 
 
 @click.command("run")
