@@ -44,7 +44,13 @@ from tasks.app import (
 from tasks.broker import ALIVE_KEY, STARTED_KEY, redis_client
 from tasks.errors import HostKeyError, RecordRejected, StoreError
 from tasks.records import EnvironmentRecord, EnvironmentSpec
-from tasks.signing import canonical_json, fingerprint, public_key_from_b64, verify_record_data
+from tasks.signing import (
+    canonical_json,
+    fingerprint,
+    public_key_from_b64,
+    record_key,
+    verify_record_data,
+)
 
 log = logging.getLogger("sandbench.coordinator")
 
@@ -103,6 +109,11 @@ class Coordinator:
         if not isinstance(data, dict):
             raise RecordRejected("a record must be a JSON object")
         verify_record_data(data, self.registry)
+        if data.get("superseded") is not False:  # unsigned: only the analysis derives it
+            raise RecordRejected(
+                f"{record_key(data)}: a record sent as superseded (a host never marks one; it "
+                "would hide the result)"
+            )
         record = EnvironmentRecord.model_validate(data, strict=True)
         try:
             planned = load_campaign(self.store, record.campaign).spec_by_key()

@@ -134,6 +134,8 @@ def _content_problem(
                 "replayed from another campaign)")  # fmt: skip
     if data.get("host") != host:
         return f"a record of host {data.get('host')!r} stored under host {host!r}"
+    if data.get("superseded") is not False:  # unsigned, and it would hide the record
+        return "marked superseded, which neither a host nor the store ever writes"
     try:
         record = EnvironmentRecord.model_validate_json(raw, strict=True)
     except ValidationError as exc:

@@ -20,10 +20,18 @@ from typing import Any
 import pytest
 
 from coordinator.store import Store
-from tasks.app import TASK_RUN, create_app, host_queue
+from tasks.app import COORDINATOR_QUEUE, TASK_RUN, TASK_STORE, create_app, host_queue
 from tasks.signing import CoordinatorKey
 from tasks.spec_signing import signed_spec_data
-from tests.fleet_helpers import Fleet, dispatch, make_fleet, wait_finished, wait_until, write_plan
+from tests.fleet_helpers import (
+    Fleet,
+    dispatch,
+    make_fleet,
+    status,
+    wait_finished,
+    wait_until,
+    write_plan,
+)
 
 __all__ = ["make_fleet"]  # the fixture
 
@@ -235,6 +243,13 @@ def _old_schema(cdir: Path, other: Path) -> list[tuple[str, str | None]]:
     return [("record(s) of an older schema than 4 (first: line 1)", key)]
 
 
+def _mark_superseded(cdir: Path, other: Path) -> list[tuple[str, str | None]]:
+    key = _edit_line(
+        cdir, 3, lambda line: line.replace(b'"superseded":false', b'"superseded":true')
+    )
+    return [("marked superseded, which neither a host nor the store ever writes", key)]
+
+
 def _edit_campaign(cdir: Path, other: Path) -> list[tuple[str, str | None]]:
     path = cdir / "campaign.json"
     path.write_bytes(path.read_bytes().replace(b'"rounds": 1', b'"rounds": 2', 1))
@@ -271,7 +286,7 @@ TAMPERINGS: dict[str, Callable[[Path, Path], list[tuple[str, str | None]]]] = {
     "delete": _delete, "truncate": _truncate, "cut-mid-line": _cut_mid_line,
     "reorder": _reorder, "duplicate": _duplicate, "edit-number": _edit_number,
     "number-to-string": _number_to_string, "extra-space": _extra_space,
-    "duplicate-key": _duplicate_key, "old-schema": _old_schema,
+    "duplicate-key": _duplicate_key, "old-schema": _old_schema, "superseded": _mark_superseded,
     "edit-campaign-json": _edit_campaign, "edit-plan": _edit_plan, "replay": _replay,
     "replay-appended": _replay_appended, "unseal-and-truncate": _unseal_and_truncate,
 }  # fmt: skip
@@ -377,7 +392,23 @@ def test_fleet_refuses_forged_specs_and_unallowed_command_modes(
     assert not marker.exists(), "a forged or unallowed template ran"
     assert len(store.records(campaign)) == count and raw_files(fleet.data / campaign) == before
     assert "(nothing ran, no record)" in fleet.workers["lab-a"].text()
+    _assert_superseded_on_the_wire_rejected(fleet, campaign)
+    assert raw_files(fleet.data / campaign) == before
     _assert_fleet_store_tampering_detected(fleet, campaign, tmp_path)
+
+
+def _assert_superseded_on_the_wire_rejected(fleet: Fleet, campaign: str) -> None:
+    """A genuine record sent again marked superseded (a field no signature covers) is rejected."""
+    record = json.loads(records_path(fleet.data / campaign, "lab-b").read_bytes().splitlines()[0])
+    record.pop("chain")
+    record["superseded"] = True
+    app = create_app(fleet.redis.url())
+    try:
+        app.send_task(TASK_STORE, args=[record], queue=COORDINATOR_QUEUE)
+    finally:
+        app.close()
+    wait_until(lambda: status(fleet, campaign)["rejected"] == 1, 60, "the record's rejection")
+    assert "a record sent as superseded" in (fleet.coordinator.text() if fleet.coordinator else "")
 
 
 def _assert_fleet_store_tampering_detected(fleet: Fleet, campaign: str, tmp_path: Path) -> None:
