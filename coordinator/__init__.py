@@ -31,4 +31,9 @@ record
     A signed result of one environment (its rounds, Ready, outcome).
 cohort
     Label that keeps campaigns apart: results of two cohorts are never pooled.
+sentinel
+    The machine-state sentinel: fixed calibration environments (``sentinel-cpu``,
+    ``sentinel-fsync``; native, not workloads) run at the start of a campaign, every K
+    environments and at the end; recorded like every environment but in no cell
+    (``coordinator.sentinel``).
 """
