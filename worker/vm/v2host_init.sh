@@ -4,7 +4,8 @@
 # holds /tmp, /var/tmp and /var/lib/sandbench; the shared directories (the repository first)
 # are mounted read-write at their host paths; cgroup2 is /sys/fs/cgroup with cpu, cpuset,
 # memory, pids and io enabled at the root. The command runs in a cgroup delegated the way
-# systemd's Delegate=yes does it (or in the root cgroup: PLACEMENT=root), its stdout and
+# systemd's Delegate=yes does it (or in the root cgroup: PLACEMENT=root), with the new root as
+# the mount namespace's root (not a chroot: user namespaces work), its stdout and
 # stderr on two virtio-serial ports; its exit status goes out on a third, then the guest
 # powers off.
 /bin/busybox --install -s /bin
@@ -92,13 +93,18 @@ fi
 
 OUT=$(port_named sandbench) || fail "no virtio-serial port sandbench (stdout)"
 ERR=$(port_named sandbench-stderr) || fail "no virtio-serial port sandbench-stderr"
+# Make the new root the mount namespace's root, as switch_root does, but keep this shell (and its
+# busybox, /dev, /sys) on the initramfs: a command that is merely chrooted is refused user
+# namespaces (unshare(CLONE_NEWUSER) is EPERM in a chroot), which no real lab host does.
+cd $R || fail "cd $R"
+mount --move . / || fail "move the new root to /"
 say "ready"
 (
-  [ "$PLACEMENT" = delegated ] && echo 0 >"$CG$SERVICE/cgroup.procs"
-  eval "exec chroot $R /usr/bin/env -i $GUEST_ENV /bin/sh -c 'cd \"\$0\" && exec \"\$@\"' $CWD $ARGV"
+  [ "$PLACEMENT" = delegated ] && echo 0 >"./sys/fs/cgroup$SERVICE/cgroup.procs"
+  eval "exec chroot . /usr/bin/env -i $GUEST_ENV /bin/sh -c 'cd \"\$0\" && exec \"\$@\"' $CWD $ARGV"
 ) </dev/null >"$OUT" 2>"$ERR"
 status=$?
 # The shared directories use the guest's page cache: write everything back before power-off.
 sync
-for share in $SHARES; do umount "$R$share" 2>/dev/null; done
+for share in $SHARES; do umount ".$share" 2>/dev/null; done
 finish "$status"
