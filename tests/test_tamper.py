@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from coordinator.registry import HostRegistry
 from coordinator.store import Store
 from tasks.app import COORDINATOR_QUEUE, TASK_RUN, TASK_STORE, create_app, host_queue
 from tasks.signing import CoordinatorKey
@@ -322,6 +323,27 @@ def test_report_of_changed_bytes_is_unverified_and_run_exits_1(
     assert resumed.returncode == 1, resumed.stdout + resumed.stderr
     assert "records: UNVERIFIED (1 problems in 6 records)" in resumed.stdout, resumed.stdout
     assert raw_files(cdir) == before
+
+
+def test_a_copy_verifies_elsewhere_once_its_keys_are_registered(
+    lab: tuple[Lab, str, str], tmp_path: Path
+) -> None:
+    """On a machine that trusts neither key verify names the untrusted coordinator key; after
+    'hosts add' of the host and 'hosts add --coordinator' it verifies."""
+    lb, cid, _ = lab
+    data, _ = copy_of(lb, cid, tmp_path)
+    elsewhere = ["--data", str(data), "--registry", str(tmp_path / "elsewhere.json")]
+    out = lb.sandbench("verify", cid, *elsewhere)
+    assert out.returncode == 1 and "not a coordinator key" in out.stdout, out.stdout
+    assert "sandbench hosts add --coordinator NAME PUBKEY" in out.stdout
+    trusted = HostRegistry(lb.registry)
+    reg = ["--registry", str(tmp_path / "elsewhere.json")]
+    lb.sandbench("hosts", "add", HOST, trusted.public_key(HOST), *reg)
+    (coordinator,) = (e["public_key"] for e in trusted.coordinators().values())
+    added = lb.sandbench("hosts", "add", "their-lab", coordinator, "--coordinator", *reg)
+    assert added.returncode == 0 and "added: coordinator key" in added.stdout, added.stderr
+    again = lb.sandbench("verify", cid, *elsewhere)
+    assert again.returncode == 0 and "verified" in again.stdout, again.stdout
 
 
 # --- the fleet: forged specs, command modes, another host's record --------------------------------
