@@ -38,12 +38,11 @@ fi
 say "pip install sandbench"
 .venv/bin/pip install -q --disable-pip-version-check -e ".[dev]"
 
-# --- host key and guest kernel (set-up, never timed) --------------------------------------------
-if .venv/bin/sandbench host --help >/dev/null 2>&1; then
-  .venv/bin/sandbench host init --quiet || true
-fi
-if .venv/bin/sandbench vm --help >/dev/null 2>&1; then
-  say "guest kernel and initramfs for the VM modes"
-  .venv/bin/sandbench vm prepare
-fi
+# --- keys and guest kernel (set-up, never timed) --------------------------------------------------
+# This host's signing key and this machine's coordinator key (the embedded run signs its specs and
+# chains its records with it); both are kept when they exist.
+.venv/bin/sandbench host init --quiet
+.venv/bin/sandbench coordinator init --quiet
+say "guest kernel and initramfs for the VM modes"
+.venv/bin/sandbench vm prepare
 say "set-up done: .venv/bin/sandbench is ready"
