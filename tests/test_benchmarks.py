@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.conftest import REPO, require, require_binary
 
 
 def run_script(name: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -57,3 +57,19 @@ def test_fidelity_fails_without_figures() -> None:
     )  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
     assert "FAILED environment, no figure" in done.stdout
+
+
+def test_fleet_soak_smoke_meets_its_targets() -> None:
+    """fleet_soak.py, small: a worker killed, redis and the coordinator restarted, and every
+    target met (nothing lost, stored twice or left behind; verify passes), exit 0."""
+    require(os.geteuid() == 0, "root (network namespaces, cgroups, overlay mounts)")
+    require_binary("redis-server")
+    done = run_script(
+        "fleet_soak.py", "--environments", "20", "--kill-every", "3", "4", "--max-kills", "1",
+        "--hold-s", "1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"^lost\s+0\s+0$", done.stdout, flags=re.M), done.stdout
+    assert re.search(r"^leftover mounts\s+0\s+0$", done.stdout, flags=re.M), done.stdout
+    faults = r"faults: 1 worker kill -9 .*1 redis restart, 1 coordinator restart"
+    assert re.search(faults, done.stdout), done.stdout
