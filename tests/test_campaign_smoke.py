@@ -36,7 +36,7 @@ def test_smoke_preset_completes_and_report_reproduces(tmp_path: Path) -> None:
     _, plan = preset("smoke")
     cells = [s for s in campaign.specs if s.kind == "environment"]
     assert len(cells) == len(plan.cells()) * plan.environments == 297
-    assert len(campaign.specs) - len(cells) == 2 * 11  # the sentinel: 11 points of two
+    assert len(campaign.specs) - len(cells) == 2 * 9  # the sentinel: 9 points of two
     records = store.records(cid)
     assert sorted(r.key() for r in records) == sorted(s.key() for s in campaign.specs)
     modes = store.provenance(cid, "lab-smoke")["modes"]
