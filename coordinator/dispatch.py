@@ -15,12 +15,12 @@ from typing import Any
 from celery import Celery
 
 from coordinator.fleet import ACTIVE_CAMPAIGNS_KEY, FINALIZED_KEY
-from coordinator.outbox import Outbox
 from coordinator.progress import host_progress
 from coordinator.store import Store
 from tasks.app import TASK_RUN, describe, host_queue
 from tasks.broker import check_broker, redis_client
 from tasks.errors import FleetError, StoreError
+from tasks.outbox import Outbox
 from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.records import EnvironmentSpec
 from tasks.signing import CoordinatorKey
@@ -40,26 +40,32 @@ def by_host(specs: list[EnvironmentSpec]) -> dict[str, list[EnvironmentSpec]]:
     return dict(out)
 
 
-def send_specs(app: Celery, specs: list[EnvironmentSpec], signer: CoordinatorKey) -> int:
+def send_specs(
+    app: Celery, specs: list[EnvironmentSpec], signer: CoordinatorKey, outbox: Outbox | None = None
+) -> int:
     """Queue every spec, signed, on its host's queue, host by host in run order; how many.
 
     The messages are Celery's own, written a batch per Redis transaction (``Outbox``): one
-    fsync per batch instead of one per message.
+    fsync per batch instead of one per message. A caller that sends often passes its own
+    ``outbox`` (its connections stay open).
     """
-    with Outbox(app) as outbox:
-        for host, host_specs in by_host(specs).items():
-            queue = host_queue(host)
-            for spec in host_specs:
-                outbox.add(
-                    TASK_RUN,
-                    [signed_spec_data(spec, signer)],
-                    {"sent_at": time.time()},
-                    queue=queue,
-                    task_id=spec.task_id or uuid.uuid4().hex,
-                    argsrepr=describe(spec),
-                )
-        outbox.flush()
-        return outbox.sent
+    if outbox is None:
+        with Outbox(app) as own:
+            return send_specs(app, specs, signer, own)
+    sent = outbox.sent
+    for host, host_specs in by_host(specs).items():
+        queue = host_queue(host)
+        for spec in host_specs:
+            outbox.add(
+                TASK_RUN,
+                [signed_spec_data(spec, signer)],
+                {"sent_at": time.time()},
+                queue=queue,
+                task_id=spec.task_id or uuid.uuid4().hex,
+                argsrepr=describe(spec),
+            )
+    outbox.flush()
+    return outbox.sent - sent
 
 
 def watch_campaign(app: Celery, campaign: str) -> None:

@@ -259,7 +259,8 @@ class Coordinator:
 def register_tasks(app: Celery) -> None:
     """Define the coordinator's tasks on ``app`` (the lab hosts' are sent by name)."""
 
-    @app.task(name=TASK_STORE, bind=True)  # type: ignore[untyped-decorator]  # celery is untyped
+    # the store is the record: no result, and no STARTED state written before each one
+    @app.task(name=TASK_STORE, bind=True, ignore_result=True, track_started=False)  # type: ignore[untyped-decorator]  # celery is untyped
     def store_record(self: Task, record: dict[str, Any]) -> dict[str, Any]:
         """Verify and store one record; finalize its host when every environment has one."""
         return Coordinator.from_env(self.app).accept(record)

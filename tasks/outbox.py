@@ -14,6 +14,7 @@ is queued whole or not at all.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -58,11 +59,12 @@ class Outbox:
         task_id: str,
         argsrepr: str,
         kwargsrepr: str = "",
+        ignore_result: bool | None = None,
     ) -> None:
         """Build task ``name``'s message for ``queue`` (and its sent event); flush when full."""
         headers, properties, body, sent_event = self.app.amqp.as_task_v2(
             task_id, name, args, kwargs, reply_to=self._reply_to, origin=self._origin,
-            create_sent_event=self.app.conf.task_send_sent_event, ignore_result=None,
+            create_sent_event=self.app.conf.task_send_sent_event, ignore_result=ignore_result,
             argsrepr=argsrepr, kwargsrepr=kwargsrepr,
         )  # fmt: skip
         properties.update(argsrepr=argsrepr, kwargsrepr=kwargsrepr)  # send_task passes them on
@@ -114,11 +116,17 @@ class Outbox:
         pipe.sadd(channel.keyprefix_queue % (queue,), member)
         pipe.sadd(channel.keyprefix_binding_permanent % (queue,), member)
 
-    def flush(self) -> int:
-        """Queue every message built since the last flush in one transaction; how many."""
+    def flush(self, also: Callable[[Any], None] | None = None) -> int:
+        """Queue every message built since the last flush in one transaction; how many.
+
+        ``also`` adds its own commands to that transaction (a mark that must be set exactly
+        when the messages are queued).
+        """
         if not self.pending:
             return 0
         pipe = self._client.pipeline(transaction=True)
+        if also is not None:
+            also(pipe)
         for queue, messages in self._queued.items():
             if queue not in self._declared:
                 self._bind(pipe, queue)

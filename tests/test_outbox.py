@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from coordinator.dispatch import send_specs, with_task_ids
-from coordinator.outbox import Outbox
 from tasks.app import TASK_RUN, create_app, host_queue
+from tasks.outbox import Outbox
 from tasks.records import EnvironmentSpec
 from tasks.signing import CoordinatorKey
 from tests.conftest import require_binary

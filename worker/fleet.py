@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from tasks.broker import (
     redis_client,
 )
 from tasks.errors import FleetError, SpecRefused
+from tasks.outbox import Outbox
 from tasks.records import EnvironmentSpec
 from tasks.signing import HostKey, canonical_json, default_key_path
 from worker.config import load_allowlist, trusted_coordinator
@@ -53,6 +55,7 @@ DETAIL_CHARS = 160  # of a failure's detail in the result text (the record keeps
 
 _CLIENTS: dict[tuple[int, str], redis.Redis] = {}
 _HOSTS: dict[tuple[str, str], HostState] = {}
+_OUTBOXES: dict[tuple[int, str], Outbox] = {}
 
 
 def process_client(url: str) -> redis.Redis:
@@ -230,19 +233,35 @@ def send_provenance(
                   argsrepr=f"{spec.host} {spec.campaign}")  # fmt: skip
 
 
-def hand_over(
-    app: Celery, client: redis.Redis, spec: EnvironmentSpec, record: dict[str, Any]
-) -> None:
-    """Send ``spec``'s signed record to the coordinator and mark the environment done."""
+def process_outbox(app: Celery) -> Outbox:
+    """This process's outbox to ``app``'s broker (a forked pool child gets its own)."""
+    slot = (os.getpid(), str(app.conf.broker_url))
+    if slot not in _OUTBOXES:
+        _OUTBOXES[slot] = Outbox(app)
+    return _OUTBOXES[slot]
+
+
+def hand_over(app: Celery, spec: EnvironmentSpec, record: dict[str, Any]) -> None:
+    """Send ``spec``'s signed record to the coordinator and mark the environment done.
+
+    One Redis transaction, one fsync: the done mark is set exactly when the record is queued.
+    ``store_record``'s result is not kept (the store is the record).
+    """
     shown = f"{spec.host} {spec.mode}/{spec.workload} #{spec.env_index} attempt {spec.attempt}"
-    app.send_task(TASK_STORE, args=[record], queue=COORDINATOR_QUEUE, argsrepr=shown)
-    client.set(DONE_KEY.format(key=spec.key()), "1", ex=MARK_TTL_S)
+    outbox = process_outbox(app)
+    outbox.add(TASK_STORE, [record], {}, queue=COORDINATOR_QUEUE, task_id=uuid.uuid4().hex,
+               argsrepr=shown, kwargsrepr="{}", ignore_result=True)  # fmt: skip
+    done = DONE_KEY.format(key=spec.key())
+    outbox.flush(also=lambda pipe: pipe.set(done, "1", ex=MARK_TTL_S))
 
 
 def register_tasks(app: Celery) -> None:
     """Define the lab host's task on ``app`` (the coordinator's are sent by name)."""
 
-    @app.task(name=TASK_RUN, bind=True)  # type: ignore[untyped-decorator]  # celery is untyped
+    # no STARTED state written to the result backend before each environment (an fsync on the
+    # way to the runner): Flower shows the start from the task-started event, and the lease's
+    # evidence is the host's own started mark (``claim_attempt``)
+    @app.task(name=TASK_RUN, bind=True, track_started=False)  # type: ignore[untyped-decorator]  # celery is untyped
     def run_environment(self: Task, spec: dict[str, Any], sent_at: float | None = None) -> Any:
         """Run one environment on this host and hand its signed record to the coordinator."""
         client = process_client(self.app.conf.broker_url)
@@ -251,7 +270,7 @@ def register_tasks(app: Celery) -> None:
         record = execute(client, planned, sent_at)
         if "duplicate" in record:
             return f"duplicate delivery of {record['duplicate']}: already handed over"
-        hand_over(self.app, client, planned, record)
+        hand_over(self.app, planned, record)
         new_verdict = len(host_state(planned).verdicts) > known
         send_provenance(self.app, client, planned, new_verdict)
         return outcome_text(record)
