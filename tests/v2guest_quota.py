@@ -147,7 +147,8 @@ def test_cpu_quota_binds(busy_cgroup: cgroups.Cgroup, cpus: str, cores: float) -
     finally:
         proc.kill()
         proc.wait()
-    assert rate == pytest.approx(cores, rel=0.10)
+    # Held to the quota (10% over at most); a loaded host may slow TCG's vCPUs a little below it.
+    assert 0.85 * cores <= rate <= 1.10 * cores, rate
     assert affinity == set(cgroups.cpu_list(cpus))
 
 
