@@ -214,9 +214,9 @@ def test_a_campaign_without_sentinel_is_said_so(campaigns: Campaigns) -> None:
 
 
 @contextmanager
-def cpu_burners(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """``count`` busy-looping processes on this host's CPUs, killed (and reaped) at the end."""
-    burn = [sys.executable, "-c", "while True: pass"]
+def cpu_burners(count: int, cpu: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``count`` busy-looping processes on CPU ``cpu``, killed (and reaped) at the end."""
+    burn = [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile 1: pass"]
     procs = [subprocess.Popen(burn) for _ in range(count)]
     try:
         yield procs
@@ -229,10 +229,14 @@ def cpu_burners(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
 def test_a_busy_machine_withholds_the_verdict(campaigns: Campaigns) -> None:
     """B run while CPU burners compete: its sentinel and its cell both slow down, so compare
     prints the sentinel ratio and withholds "slower", saying the machine itself moved."""
-    # a point every 2 environments: 6 per campaign, so each side's sentinel median is robust
-    plan = {"n": 10, "workload": "read-large", "scale": 0.1, "extra": "[sentinel]\nevery = 2\n"}
+    # Both on CPU 0 alone, B with three burners there: about a quarter of the CPU it had, an
+    # effect no other load of a shared machine hides. A sentinel point every 2 environments:
+    # 6 a side, so each side's sentinel median does not hang on two points.
+    cpu = min(os.sched_getaffinity(0))
+    extra = f'[quota]\ncpus = "{cpu}"\ncpu_quota = 1.0\n[sentinel]\nevery = 2\n'
+    plan = {"n": 10, "workload": "read-large", "scale": 0.1, "extra": extra}
     campaigns.run("calm", **plan)  # type: ignore[arg-type]
-    with cpu_burners(2 * len(os.sched_getaffinity(0))):
+    with cpu_burners(3, cpu):
         campaigns.run("busy", **plan)  # type: ignore[arg-type]
     doc = campaigns.json("calm", "busy")
     drift = doc["drifts"]["lab-test"]
