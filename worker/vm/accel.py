@@ -35,6 +35,7 @@ NO_KVM_DEVICE = (
 KVM_PROBE_S = 20.0  # KVM boots in ~1 s; TCG here takes ~7-10 s, so a hung KVM guest shows quickly
 TCG_PROBE_S = 180.0  # generous: the machine is shared
 READY_PREFIX = b'{"op": "ready"'
+_KVM_ONLY: dict[str, str | None] = {}  # this process's KVM-only probes, by guest and cache key
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,8 @@ def detect_accel(guest: Guest, refresh: bool = False) -> dict[str, object]:
 def kvm_problem(guest: Guest) -> str | None:
     """Why KVM cannot run the guest here (the probe's reason), or None if its probe got Ready.
 
-    Uses the cached verdict; without one, only the KVM probe runs (bounded by KVM_PROBE_S).
+    Uses the cached verdict; without one, only the KVM probe runs (bounded by KVM_PROBE_S), once
+    per process.
     """
     verdict = cached_verdict(guest)
     if verdict is not None:
@@ -168,8 +170,11 @@ def kvm_problem(guest: Guest) -> str | None:
         return None if kvm["ready"] else f"the KVM probe boot failed: {kvm['detail']}"
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return NO_KVM_DEVICE
-    probe = probe_boot(guest, "kvm", KVM_PROBE_S)
-    return None if probe.ready else f"the KVM probe boot failed: {probe.detail}"
+    key = json.dumps([str(guest.home), _cache_key(guest)], sort_keys=True)
+    if key not in _KVM_ONLY:  # a preflight and then a preparation ask: one bounded probe
+        probe = probe_boot(guest, "kvm", KVM_PROBE_S)
+        _KVM_ONLY[key] = None if probe.ready else f"the KVM probe boot failed: {probe.detail}"
+    return _KVM_ONLY[key]
 
 
 def fallback_reason(verdict: dict[str, object]) -> str | None:
