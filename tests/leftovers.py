@@ -104,16 +104,28 @@ def leftovers(work_root: Path, prefix: str) -> dict[str, list[str]]:
 
 
 def holding(work_root: Path, timeout: float = 60) -> str:
-    """Wait until an environment of ``work_root`` has its overlay mounted and runs; its name."""
+    """Wait until an environment of ``work_root`` has its overlay mounted and holds (the stray
+    child runs in its cgroup, the interpreter waits); its name."""
 
     def ready() -> str | None:
         for name in env_names(work_root):
             merged = work_root / ENVS_DIR / name / "env" / "stage" / "merged"
-            if merged.is_mount() and len(cgroup_pids(cgroup_dirs(name))) >= 2:
+            if merged.is_mount() and _stray_in(cgroup_pids(cgroup_dirs(name))):
                 return name
         return None
 
     return wait_until(ready, timeout, f"an environment holding in {work_root}", 0.05)
+
+
+def _stray_in(pids: set[int]) -> bool:
+    """Whether the holding interpreter's stray child is among ``pids`` (then it holds)."""
+    for pid in pids:
+        try:
+            if psutil.Process(pid).cmdline() == ["sleep", str(STRAY_S)]:
+                return True
+        except psutil.Error:
+            continue
+    return False
 
 
 def runs(pid: int) -> bool:
