@@ -18,7 +18,7 @@ import psutil
 
 from tests.fleet_helpers import wait_until
 from worker.ledger import ENVS_DIR, LEDGER_DIR
-from worker.quota import PARENT_NAME, cgroup_mounts
+from worker.quota import PARENT_NAME, cgroup_mounts, detect
 
 HOLD_FILE = "hold-s"
 FILL_FILE = "fill-disk"  # present in the work root: the environment fills its disk first
@@ -56,11 +56,22 @@ def env_names(work_root: Path) -> list[str]:
     return sorted(p.name for p in envs.iterdir()) if envs.is_dir() else []
 
 
+def cgroup_parents() -> list[Path]:
+    """Where environment cgroups go: ``/sandbench`` in every mounted hierarchy, and on cgroup v2
+    under a delegated service (this process's) its ``envs`` directory."""
+    mounts = cgroup_mounts()
+    parents = {point / PARENT_NAME for point in mounts.values()}
+    if detect() == 2:
+        from worker.cgroupsv2 import placement
+
+        parents.add(mounts["cgroup2"] / placement().parent.strip("/"))
+    return sorted(parents)
+
+
 def cgroup_dirs(prefix: str) -> list[Path]:
     """Environment cgroups whose name starts with ``prefix``, in every mounted hierarchy."""
     found: list[Path] = []
-    for point in sorted(set(cgroup_mounts().values())):
-        parent = point / PARENT_NAME
+    for parent in cgroup_parents():
         if parent.is_dir():
             found += sorted(d for d in parent.iterdir() if d.name.startswith(prefix))
     return found
@@ -126,6 +137,18 @@ def _stray_in(pids: set[int]) -> bool:
         except psutil.Error:
             continue
     return False
+
+
+def release(name: str) -> None:
+    """End the wait of the holding environment ``name`` now: its payload starts."""
+    for pid in cgroup_pids(cgroup_dirs(name)):
+        try:
+            proc = psutil.Process(pid)
+            argv = proc.cmdline()
+            if argv[:1] == ["sleep"] and argv != ["sleep", str(STRAY_S)]:
+                proc.kill()
+        except psutil.Error:
+            continue
 
 
 def runs(pid: int) -> bool:
