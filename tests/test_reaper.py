@@ -20,6 +20,7 @@ from tests.fleet_helpers import (
     dispatch,
     make_fleet,
     remove_leftover_cgroups,
+    slow_mode,
     wait_finished,
     wait_until,
     write_plan,
@@ -188,6 +189,26 @@ def test_kill9_mid_staged_environment_leftovers_are_reaped_before_the_next(
         (record,) = assert_each_once(fleet, campaign, name)
         assert record.outcome == "passed", record.detail
     assert leftovers(a, campaign) == leftovers(b, campaign) == NOTHING
+
+
+@pytest.mark.fleet
+def test_a_worker_reaps_right_after_an_environment_whose_cleanup_failed(make_fleet: Any) -> None:
+    """A mode whose cleanup fails (and leaves a directory behind) keeps its ledger entry; the
+    worker reaps at once: the stray directory and the entry are gone, the reaping logged."""
+    fleet = make_fleet(["lab-a"])
+    fleet.register_hosts()
+    worker = fleet.start_worker("lab-a")
+    fleet.start_coordinator()
+    messy = {**slow_mode("slow", 0.1), "cleanup": "mkdir {env_dir}/../../stray && exit 1"}
+    plan = write_plan(fleet.root / "plan.toml", environments=1, rounds=1, workloads=["publish"],
+                      modes=[messy], sentinel=False)  # fmt: skip
+    campaign = dispatch(fleet, plan, "lab-a")
+    wait_finished(fleet, campaign, REAP_BOUND_S)
+    (record,) = assert_each_once(fleet, campaign, "lab-a")
+    assert "mode cleanup" in str(record.provenance.get("cleanup")), record.provenance
+    work_root = fleet.hosts["lab-a"].work_root
+    assert "reaped workspace " + str(work_root / "envs" / "stray") in worker.own_text()
+    assert leftovers(work_root, campaign) == NOTHING
 
 
 @pytest.fixture
