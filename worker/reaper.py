@@ -119,10 +119,18 @@ def reap(work_root: Path, engines: list[tuple[str, Engine]] | None = None) -> Re
 
 
 def reap_if_left(work_root: Path) -> Reaped | None:
-    """Reap ``work_root`` if an environment's cleanup left its ledger entry (else None, at once)."""
-    if all(entry.live() for entry in ledger.entries(work_root).values()):
+    """Reap ``work_root`` if an environment's cleanup left its ledger entry (else None, at once).
+
+    Called between environments: a reaper that fails is logged, never raised, so the record
+    of the environment just run is still handed over.
+    """
+    try:
+        if all(entry.live() for entry in ledger.entries(work_root).values()):
+            return None
+        result = reap(work_root)
+    except (OSError, SandbenchError) as exc:
+        log.error("reaper failed on %s: %s", work_root, exc)
         return None
-    result = reap(work_root)
     log.warning("%s", result.lines()[-1])
     return result
 

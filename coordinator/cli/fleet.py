@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from tasks.errors import FleetError
+from tasks.errors import FleetError, SandbenchError
 from tasks.names import check_name
 from tasks.paths import DEFAULT_WORK_ROOT
 
@@ -135,7 +135,11 @@ def _reap_at_start(work_root: Path) -> None:
 
     if not work_root.is_dir():
         return
-    for line in reap(work_root).lines():
+    try:
+        lines = reap(work_root).lines()
+    except (OSError, SandbenchError) as exc:  # the worker still starts; the log says why
+        lines = [f"failed on {work_root}: {exc} (run 'sandbench host clean' to see)"]
+    for line in lines:
         click.echo(f"reaper: {line}", err=True)
 
 
