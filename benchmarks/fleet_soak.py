@@ -15,9 +15,11 @@ Run (as root): .venv/bin/python benchmarks/fleet_soak.py [--environments 300] [-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -41,7 +43,7 @@ WORKLOADS = ["publish", "seq-write", "create-small", "rename-atomic", "stat-tree
 REDIS_AT, COORDINATOR_AT = 0.4, 0.6  # fractions of the records stored
 POLL_S = 1.0
 PYTHON_ENV = "SANDBENCH_PYTHON"  # the payload's interpreter (--hold-s: one that waits first)
-BOUND_S = 3600.0  # a soak that has not finished by then has failed
+BOUND_S = 3600.0  # a soak that has not finished by then has failed (--bound-s)
 # Delivery clocks of the soak (production: 900 s visibility, 600 s grace, 300 s lease slack).
 VISIBILITY_S, RESTORE_S, LOST_GRACE_S, LEASE_SLACK_S, LIMIT_S = 10, 2, 60, 30, 60
 
@@ -110,7 +112,7 @@ def run_with_faults(fleet: Fleet, campaign: str, planned: int, args: argparse.Na
     next_kill = start + rng.uniform(low, high)
     while not finished(fleet, campaign):
         now = time.monotonic()
-        if now - start > BOUND_S:
+        if now - start > args.bound_s:
             break
         done = stored_count(fleet, campaign) / planned
         if now >= next_kill and len(faults.kills) < args.max_kills:
@@ -188,6 +190,19 @@ def report(result: dict[str, object], faults: Faults, wall_s: float) -> bool:
     return ok
 
 
+def close(fleet: Fleet) -> None:
+    """Stop every process of the fleet, whatever fails on the way (nothing may outlive it)."""
+    for proc in fleet.procs:
+        with contextlib.suppress(Exception):
+            proc.kill9()
+    fleet.close()
+
+
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM (a timeout, Ctrl-C's cousin): unwind, so the fleet is stopped on the way out."""
+    raise SystemExit(f"fleet_soak: stopped by signal {signum}")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The soak's arguments."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -199,6 +214,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--hold-s", type=float, default=0.0,
                         help="each environment waits this long before Ready (a short smoke "
                              "still meets every fault mid-campaign)")  # fmt: skip
+    parser.add_argument("--bound-s", type=float, default=BOUND_S,
+                        help="give up (and report) after this many seconds")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args(argv)
     cells = len(HOSTS) * len(MODES) * len(WORKLOADS)
@@ -212,6 +229,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     """Run the soak; 0 when every target is met."""
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)
     per_cell = args.environments // (len(HOSTS) * len(MODES) * len(WORKLOADS))
     print(f"fleet soak: {len(HOSTS)} workers in network namespaces, {args.environments} "
           f"environments ({', '.join(MODES)} x {', '.join(WORKLOADS)} at scale 0.02, 1 round), "
@@ -239,7 +257,7 @@ def main(argv: list[str]) -> int:
             wall_s = time.monotonic() - start
             result = figures(fleet, campaign)
         finally:
-            fleet.close()
+            close(fleet)
     ok = report(result, faults, wall_s)
     if args.json:
         print(json.dumps({**result, "wall_s": wall_s, "kills": faults.kills}))

@@ -66,7 +66,7 @@ def test_fleet_soak_smoke_meets_its_targets() -> None:
     require_binary("redis-server")
     done = run_script(
         "fleet_soak.py", "--environments", "20", "--kill-every", "3", "4", "--max-kills", "1",
-        "--hold-s", "1",
+        "--hold-s", "1", "--bound-s", "300",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"^lost\s+0\s+0$", done.stdout, flags=re.M), done.stdout
