@@ -13,11 +13,15 @@ import fcntl
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from coordinator.chain import HEAD_FILE, Head, genesis, head_document, linked_line
+from coordinator.views import OUTCOME_DECODER
 from tasks.records import EnvironmentRecord
 from tasks.signing import CoordinatorKey, sha256_hex
 
@@ -25,6 +29,7 @@ RECORDS_FILE = "records.jsonl"
 RECORDS_LOCK = RECORDS_FILE + ".lock"
 LOST_FILE = "lost.jsonl"
 KEY_PARTS = ("campaign", "host", "mode", "workload", "env_index", "attempt")
+HEAD_BLOCK = 1 << 20  # bytes read at a time when a cold process counts a log's lines
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -35,6 +40,15 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def sync_file(path: Path) -> None:
+    """fsync ``path`` (what was written to it, by any writer, reaches the disk)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def file_digest(path: Path) -> str:
@@ -49,10 +63,25 @@ def file_digest(path: Path) -> str:
 def line_key(line: bytes) -> str:
     """Idempotency key of one stored record line (unparseable lines get a unique key)."""
     try:
+        return OUTCOME_DECODER.decode(line).key()  # a few fields decoded, the rest skipped
+    except msgspec.MsgspecError:
+        pass
+    try:
         d = json.loads(line)
         return "/".join(str(d[p]) for p in KEY_PARTS)
     except (ValueError, KeyError, TypeError):
         return f"<unparseable:{hash(line)}>"
+
+
+def complete_lines(path: Path, offset: int) -> Iterator[bytes]:
+    """The complete lines of ``path`` after byte ``offset``, newline included, streamed; a last
+    line still being written (no newline yet) is left for the next look."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        for line in f:
+            if not line.endswith(b"\n"):
+                return
+            yield line
 
 
 @dataclass
@@ -74,28 +103,30 @@ class HostLog:
             self.offset, self.keys, self.count, self.last = 0, set(), 0, None
         if size == self.offset:
             return
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read(size - self.offset)
-        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits
-        for line in complete.split(b"\n")[:-1]:
-            self.keys.add(line_key(line))
+        for line in complete_lines(self.path, self.offset):
+            self.keys.add(line_key(line[:-1]))
             self.count += 1
-            self.last = sha256_hex(line)
-        self.offset += len(complete)
+            self.last = sha256_hex(line[:-1])
+            self.offset += len(line)
 
     def append(
         self,
         records: list[EnvironmentRecord],
         signer: CoordinatorKey,
         objects: list[dict[str, Any]] | None = None,
+        *,
+        sync: bool = True,
     ) -> int:
         """Append, linked and signed, every record whose key is absent; how many were.
 
         ``objects`` are the records' JSON objects as their hosts signed them (from the wire):
-        stored as they are, so the stored bytes are what the host signed.
+        stored as they are, so the stored bytes are what the host signed. Without ``sync`` the
+        caller fsyncs the file itself (``sync_file``) before it calls the records stored: a
+        group commit. A later append's fsync covers these lines too, so a chain that reached
+        the disk never points past what is on it.
         """
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.offset:  # a first append here may need the host's directory
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(RECORDS_LOCK), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             self.refresh()
@@ -113,7 +144,8 @@ class HostLog:
                 with open(self.path, "ab") as f:
                     f.write(b"\n".join(lines) + b"\n")
                     f.flush()
-                    os.fsync(f.fileno())
+                    if sync:
+                        os.fsync(f.fileno())
                 self.offset = self.path.stat().st_size  # the lock held: only these lines came
                 self.keys |= keys
                 self.count, self.last = self.count + len(lines), last
@@ -121,14 +153,23 @@ class HostLog:
 
     def _head_now(self) -> tuple[int, str | None]:
         """Complete lines and the last one's digest: from the index if read before, else by
-        counting newlines (no record parsed; a cold coordinator finalizes a big log fast)."""
+        counting newlines block by block (no record parsed, the file never held whole: a cold
+        coordinator finalizes a big log fast)."""
         if self.offset:
             self.refresh()
             return self.count, self.last
-        data = self.path.read_bytes() if self.path.exists() else b""
-        complete = data[: data.rfind(b"\n") + 1]
-        count = complete.count(b"\n")
-        return count, sha256_hex(complete[:-1].rsplit(b"\n", 1)[-1]) if count else None
+        count, last, pending = 0, b"", b""  # pending: bytes after the last newline seen
+        if self.path.exists():
+            with open(self.path, "rb") as f:
+                while block := f.read(HEAD_BLOCK):
+                    count += block.count(b"\n")
+                    data = pending + block
+                    cut = data.rfind(b"\n")
+                    if cut >= 0:
+                        last, pending = data[:cut].rsplit(b"\n", 1)[-1], data[cut + 1 :]
+                    else:
+                        pending = data
+        return count, sha256_hex(last) if count else None
 
     def seal(self, signer: CoordinatorKey, planned: int) -> Path:
         """Sign the log's head (line count, last digest, lost marks, the ``planned`` count)."""

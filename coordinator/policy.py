@@ -13,7 +13,7 @@ import json
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
@@ -28,6 +28,33 @@ if TYPE_CHECKING:
 CellAttempt = tuple[str, str, str, int]  # host, mode, workload, attempt
 
 
+class Judged(Protocol):
+    """What the rule reads of a planned environment (a spec, or a fast view of one)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def workload(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def order_index(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    def key(self) -> str: ...
+
+
+class Outcome(Judged, Protocol):
+    """What the rule reads of a record (an ``EnvironmentRecord``, or a fast view of one)."""
+
+    @property
+    def outcome(self) -> str: ...
+    @property
+    def reason(self) -> str | None: ...
+
+
 @dataclass(frozen=True)
 class Violation:
     """A record (or missing record) that contradicts the registered rule or the plan."""
@@ -39,25 +66,23 @@ class Violation:
         return f"{self.key}: {self.problem}"
 
 
-def _cell_attempt(item: EnvironmentRecord | EnvironmentSpec) -> CellAttempt:
+def _cell_attempt(item: Judged) -> CellAttempt:
     return (item.host, item.mode, item.workload, item.attempt)
 
 
-def is_rule_not_run(record: EnvironmentRecord) -> bool:
+def is_rule_not_run(record: Outcome) -> bool:
     """Whether ``record`` was skipped under the first-failure rule."""
     return record.outcome == "not-run" and record.reason == NOT_RUN_RULE
 
 
-def is_preflight_not_run(record: EnvironmentRecord) -> bool:
+def is_preflight_not_run(record: Outcome) -> bool:
     """Whether ``record`` was skipped because its mode's preflight failed."""
     return record.outcome == "not-run" and (record.reason or "").startswith(
         NOT_RUN_PREFLIGHT_PREFIX
     )
 
 
-def _check_cell(
-    planned: list[EnvironmentSpec], got: dict[str, EnvironmentRecord]
-) -> list[Violation]:
+def _check_cell(planned: list[Judged], got: dict[str, Outcome]) -> list[Violation]:
     """Walk one cell attempt in planned order and compare every record with the rule."""
     out: list[Violation] = []
     failed_at: int | None = None
@@ -85,14 +110,14 @@ def _check_cell(
 
 
 def derive(
-    records: Sequence[EnvironmentRecord],
-    planned: Sequence[EnvironmentSpec],
+    records: Sequence[Outcome],
+    planned: Sequence[Judged],
     *,
     require_complete: bool = False,
 ) -> list[Violation]:
     """Every contradiction between ``records`` and the rule applied to the ``planned`` order."""
     out: list[Violation] = []
-    by_key: dict[str, EnvironmentRecord] = {}
+    by_key: dict[str, Outcome] = {}
     for rec in records:
         if rec.key() in by_key:
             out.append(Violation(rec.key(), "recorded more than once"))
@@ -103,7 +128,7 @@ def derive(
         for k in by_key
         if k not in planned_keys
     ]
-    cells: dict[CellAttempt, list[EnvironmentSpec]] = defaultdict(list)
+    cells: dict[CellAttempt, list[Judged]] = defaultdict(list)
     for spec in planned:
         cells[_cell_attempt(spec)].append(spec)
         if require_complete and spec.key() not in by_key:

@@ -13,13 +13,20 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections import defaultdict
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from coordinator.hostlog import LOST_FILE as LOST_FILE  # fleet.py reads it from here
-from coordinator.policy import Violation, derive
+from coordinator.hostlog import complete_lines, line_key
+from coordinator.policy import Outcome, Violation, derive
 from coordinator.store import CAMPAIGN_FILE, Campaign, Store
+from coordinator.views import OUTCOME_DECODER, PlannedView
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 
 log = logging.getLogger("sandbench.coordinator")
@@ -32,10 +39,20 @@ class HostProgress:
     """Planned versus received environments of one host in one campaign."""
 
     host: str
-    planned: list[EnvironmentSpec]
+    planned_keys: frozenset[str]  # keys of the planned environments
     received: set[str]  # keys of stored records
     lost: dict[str, str] = field(default_factory=dict)  # env key -> reason
     records: dict[str, EnvironmentRecord] = field(default_factory=dict)  # when parsed
+    specs: Callable[[], list[EnvironmentSpec]] = list  # the planned environments, validated
+
+    @cached_property
+    def planned(self) -> list[EnvironmentSpec]:
+        """The planned environments in run order (validated on first need only)."""
+        return self.specs()
+
+    def keys(self) -> frozenset[str]:
+        """Keys of the planned environments."""
+        return self.planned_keys
 
     def missing(self) -> list[EnvironmentSpec]:
         """Planned environments with neither a record nor a lost mark, in run order."""
@@ -44,12 +61,22 @@ class HostProgress:
 
     def complete(self) -> bool:
         """Whether every planned environment has an outcome."""
-        return bool(self.planned) and not self.missing()
+        planned = self.keys()
+        return bool(planned) and counted(planned, self.received, self.lost.keys()) == len(planned)
 
     def fingerprint(self) -> str:
         """What finalization saw: records and lost marks counted (a change means finalize again)."""
-        planned = {s.key() for s in self.planned}
-        return f"{len(planned & self.received)}+{len(planned & self.lost.keys())}/{len(planned)}"
+        return fingerprint(self.keys(), self.received, self.lost.keys())
+
+
+def counted(planned: Set[str], received: Set[str], lost: Set[str]) -> int:
+    """How many ``planned`` environments have an outcome (a record or a lost mark)."""
+    return len(planned & received) + len(planned & (lost - received))
+
+
+def fingerprint(planned: Set[str], received: Set[str], lost: Set[str]) -> str:
+    """Records and lost marks of the ``planned`` environments counted, out of how many."""
+    return f"{len(planned & received)}+{len(planned & (lost - received))}/{len(planned)}"
 
 
 _RECEIVED: dict[Path, tuple[int, set[str]]] = {}
@@ -68,15 +95,10 @@ def _received_keys(path: Path) -> set[str]:
     if size < offset:  # replaced: start over
         offset, keys = 0, set()
     if size > offset:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            chunk = f.read(size - offset)
-        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits
-        for line in whole.splitlines():
+        for line in complete_lines(path, offset):  # streamed: never the whole file at once
             if line.strip():
-                d = json.loads(line)  # plain JSON: a key needs no model validation
-                keys.add(ENV_KEY.format(**d))
-        offset += len(whole)
+                keys.add(line_key(line[:-1]))  # a few fields decoded: no model validation
+            offset += len(line)
     _RECEIVED[path] = (offset, keys)
     return set(keys)
 
@@ -89,37 +111,107 @@ def read_lost(path: Path) -> dict[str, str]:
     return {d["key"]: d["reason"] for d in lines}
 
 
-_CAMPAIGNS: dict[tuple[str, str], tuple[float, Campaign]] = {}
+class _Planned:
+    """A stored campaign as read once per version of campaign.json: each host's planned keys
+    from the fast view at once, the validated specs only when something needs them."""
+
+    def __init__(self, store: Store, campaign: str, mtime: int) -> None:
+        self.store, self.id, self.mtime = store, campaign, mtime
+        view = store.campaign_view(campaign)
+        self.views: dict[str, list[PlannedView]] = defaultdict(list)  # each host's, as stored
+        for e in view.environments:
+            self.views[e.host].append(e)
+        self.hosts = list(view.hosts)
+        self.keys = {h: frozenset(e.key() for e in v) for h, v in self.views.items()}
+        self.all_keys = frozenset().union(*self.keys.values())
+        self._campaign: Campaign | None = None
+        self._raw: dict[str, list[dict[str, Any]]] | None = None
+        self._specs: dict[str, list[EnvironmentSpec]] = {}
+        self._lock = threading.Lock()  # the task thread and the sweep thread share it
+
+    @property
+    def campaign(self) -> Campaign:
+        """The campaign, every spec validated (parsed on first need)."""
+        with self._lock:
+            if self._campaign is None:
+                self._campaign = self.store.load_campaign(self.id)
+            return self._campaign
+
+    def host_keys(self, host: str) -> frozenset[str]:
+        """Keys of ``host``'s planned environments."""
+        return self.keys.get(host, frozenset())
+
+    def host_specs(self, host: str) -> list[EnvironmentSpec]:
+        """``host``'s planned environments in run order (only its own validated, once)."""
+        if host not in self._specs:
+            mine = self._raw_by_host().get(host, [])
+            specs = [EnvironmentSpec.model_validate(e) for e in mine]
+            self._specs[host] = sorted(specs, key=lambda s: s.order_index)
+        return self._specs[host]
+
+    def _raw_by_host(self) -> dict[str, list[dict[str, Any]]]:
+        """The campaign's planned environments as stored (JSON), by host."""
+        with self._lock:
+            if self._raw is None:
+                raw: dict[str, list[dict[str, Any]]] = defaultdict(list)
+                for e in self.store.load_campaign(self.id).environments:
+                    raw[str(e.get("host"))].append(e)
+                self._raw = dict(raw)
+            return self._raw
 
 
-def load_campaign(store: Store, campaign: str) -> Campaign:
-    """``store.load_campaign``, parsed again only when campaign.json changed."""
+_CAMPAIGNS: dict[tuple[str, str], _Planned] = {}
+
+
+def _planned(store: Store, campaign: str) -> _Planned:
+    """The cached read of ``campaign``'s campaign.json (read again only when it changed)."""
     path = store.campaign_dir(campaign) / CAMPAIGN_FILE
     try:
         mtime = path.stat().st_mtime_ns
     except FileNotFoundError:
-        return store.load_campaign(campaign)  # raises the store's own error
+        store.load_campaign(campaign)  # raises the store's own error
+        raise
     slot = (str(store.root), campaign)
     cached = _CAMPAIGNS.get(slot)
-    if cached is None or cached[0] != mtime:
-        cached = (mtime, store.load_campaign(campaign))
-        _CAMPAIGNS[slot] = cached
-    return cached[1]
+    if cached is None or cached.mtime != mtime:
+        cached = _CAMPAIGNS[slot] = _Planned(store, campaign, mtime)
+    return cached
+
+
+def planned_keys(store: Store, campaign: str) -> frozenset[str]:
+    """Keys of every environment planned in ``campaign`` (cached per version of the file)."""
+    return _planned(store, campaign).all_keys
+
+
+def planned_views(store: Store, campaign: str, host: str) -> list[PlannedView]:
+    """The planned identities of ``host`` (fast views, cached per version of the file)."""
+    return _planned(store, campaign).views.get(host, [])
+
+
+def planned_hosts(store: Store, campaign: str) -> list[str]:
+    """The hosts planned in ``campaign`` (cached per version of the file)."""
+    return _planned(store, campaign).hosts
+
+
+def load_campaign(store: Store, campaign: str) -> Campaign:
+    """``store.load_campaign``, parsed again only when campaign.json changed."""
+    return _planned(store, campaign).campaign
 
 
 def host_progress(store: Store, campaign: str, host: str, *, parse: bool = False) -> HostProgress:
     """Planned versus received environments of ``host`` in ``campaign``, from the store.
 
-    With ``parse`` every record is parsed (for status and finalization); otherwise only the
-    keys appended since the last look are read (cheap enough to run for every stored record).
+    With ``parse`` every record is parsed (for status); otherwise only the keys appended since
+    the last look are read (cheap enough to run for every stored record).
     """
-    planned = load_campaign(store, campaign).host_specs(host)
+    known = _planned(store, campaign)
     path = store.records_path(campaign, host)
     records = {r.key(): r for r in store.records(campaign, host)} if parse else {}
     received = set(records) if parse else received_keys(path)
     lost = read_lost(store.host_dir(campaign, host) / LOST_FILE)
     lost = {k: v for k, v in lost.items() if k not in received}
-    return HostProgress(host, planned, received, lost, records)
+    return HostProgress(host, known.host_keys(host), received, lost, records,
+                        lambda: known.host_specs(host))  # fmt: skip
 
 
 @dataclass
@@ -144,20 +236,38 @@ class Finalized:
         }
 
 
-def finalize_host(store: Store, campaign: str, host: str) -> Finalized:
-    """Re-apply the rule to ``host``'s stored records and rebuild results and report."""
+def host_outcomes(store: Store, campaign: str, host: str) -> Sequence[Outcome]:
+    """``host``'s stored records as outcome views, the file read line by line (a line that is
+    not a record as written sends it down the validating path, which names the line)."""
+    try:
+        return [OUTCOME_DECODER.decode(line) for _, _, line in store.record_lines(campaign, host)]
+    except msgspec.MsgspecError:
+        return store.records(campaign, host)
+
+
+def finalize_host(store: Store, campaign: str, host: str, *, report: bool = True) -> Finalized:
+    """Re-apply the rule to ``host``'s stored records and rebuild results and report (unless
+    ``report`` is false: the fleet's coordinator rebuilds it once for hosts done together).
+
+    It reads what it judges through fast views (``coordinator.views``: the identity and outcome
+    fields only, decoded by msgspec, the records file streamed line by line), never validating
+    100,000 full models; ``verify`` is what checks every byte.
+    """
     from coordinator.report import write_report
 
-    progress = host_progress(store, campaign, host, parse=True)
-    if not progress.complete():
-        missing = len(progress.missing())
-        return Finalized(host, False, progress.fingerprint(), missing=missing)
-    store.seal_host(campaign, host, len(progress.planned))  # the final head, signed
-    violations = derive(list(progress.records.values()), progress.planned)
+    planned = planned_views(store, campaign, host)
+    records = host_outcomes(store, campaign, host)
+    keys, received = {p.key() for p in planned}, {r.key() for r in records}
+    lost = read_lost(store.host_dir(campaign, host) / LOST_FILE).keys()
+    seen = fingerprint(keys, received, lost)
+    if not keys or counted(keys, received, lost) < len(keys):
+        return Finalized(host, False, seen, missing=len(keys) - counted(keys, received, lost))
+    store.seal_host(campaign, host, len(keys))  # the final head, signed
+    violations = derive(records, planned)
     for v in violations:
         log.warning("campaign %s host %s: %s", campaign, host, v)
-    report = write_report(store, campaign)
-    log.info(
-        "campaign %s host %s finalized (%d environments)", campaign, host, len(progress.planned)
-    )
-    return Finalized(host, True, progress.fingerprint(), violations=violations, report=report)
+    n = len(keys)
+    del planned, records, received, keys  # the report reads its own: one copy at a time
+    written = write_report(store, campaign) if report else {}
+    log.info("campaign %s host %s finalized (%d environments)", campaign, host, n)
+    return Finalized(host, True, seen, violations=violations, report=written)

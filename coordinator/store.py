@@ -107,7 +107,7 @@ class Store:
     ) -> None:
         self.root = Path(data_dir)
         self._signer = signer
-        self._logs: dict[Path, HostLog] = {}  # appends need not re-read a records file
+        self._logs: dict[tuple[str, str], HostLog] = {}  # appends need not re-read a file
 
     @property
     def signer(self) -> CoordinatorKey:
@@ -327,21 +327,28 @@ class Store:
     # --- records ---------------------------------------------------------------------------------
     def host_log(self, campaign_id: str, host: str) -> HostLog:
         """The record log of ``host`` in ``campaign_id`` (kept: appends read only what is new)."""
-        path = self.records_path(campaign_id, host)
-        if path not in self._logs:
-            self._logs[path] = HostLog(campaign_id, host, path)
-        return self._logs[path]
+        log = self._logs.get((campaign_id, host))  # names checked when the log was first made
+        if log is None:
+            path = self.records_path(campaign_id, host)
+            log = self._logs[(campaign_id, host)] = HostLog(campaign_id, host, path)
+        return log
 
     def append_record(self, record: EnvironmentRecord) -> bool:
         """Append ``record`` unless its (environment, attempt) is already stored; True if added."""
         return self.append_records([record]) == 1
 
     def append_records(
-        self, records: list[EnvironmentRecord], objects: list[dict[str, Any]] | None = None
+        self,
+        records: list[EnvironmentRecord],
+        objects: list[dict[str, Any]] | None = None,
+        *,
+        sync: bool = True,
     ) -> int:
         """Append every record whose key is absent (one host, one campaign); returns how many.
 
         ``objects``: the records' JSON objects as received, stored byte for byte as signed.
+        ``sync=False``: the caller fsyncs the log (``hostlog.sync_file``) before it calls the
+        records stored (a group commit over many hosts' logs).
         """
         if not records:
             return 0
@@ -350,7 +357,8 @@ class Store:
             raise StoreError("append_records takes the records of one campaign and one host")
         if not self.campaign_dir(first.campaign).is_dir():
             raise StoreError(f"record for unknown campaign '{first.campaign}' under {self.root}")
-        return self.host_log(first.campaign, first.host).append(records, self.signer, objects)
+        log = self.host_log(first.campaign, first.host)
+        return log.append(records, self.signer, objects, sync=sync)
 
     def seal_host(self, campaign_id: str, host: str, planned: int) -> Path:
         """Sign the head of ``host``'s log at finalization, when its ``planned`` environments
@@ -386,14 +394,17 @@ class Store:
     def record_lines(
         self, campaign_id: str, host: str | None = None
     ) -> Iterator[tuple[Path, int, bytes]]:
-        """Every stored record line as bytes (file, line number, line), host by host."""
+        """Every stored record line as bytes (file, line number, line), host by host; the file
+        is streamed (never held whole in memory)."""
         for h in [host] if host else self._record_hosts(campaign_id):
             path = self.records_path(campaign_id, h)
             if not path.exists():
                 continue
-            for n, line in enumerate(path.read_bytes().split(b"\n"), start=1):
-                if line.strip():
-                    yield path, n, line
+            with open(path, "rb") as f:
+                for n, raw in enumerate(f, start=1):
+                    line = raw[:-1] if raw.endswith(b"\n") else raw
+                    if line.strip():
+                        yield path, n, line
 
     def record_dicts(self, campaign_id: str, host: str | None = None) -> list[dict[str, Any]]:
         """Every stored record as its JSON dict, unvalidated."""

@@ -53,8 +53,36 @@ class RecordView(msgspec.Struct):
     started_at: str | None = None
     wall_s: float | None = None
 
+    def key(self) -> str:
+        """The record's idempotency key (``EnvironmentRecord.key``)."""
+        parts = (self.campaign, self.host, self.mode, self.workload, self.env_index, self.attempt)
+        return "/".join(map(str, parts))
+
 
 RECORD_DECODER = msgspec.json.Decoder(RecordView)
+
+
+class OutcomeView(msgspec.Struct):
+    """What finalization and the first-failure rule read of a stored record: identity, outcome."""
+
+    campaign: str
+    host: str
+    mode: str
+    workload: str
+    env_index: int
+    outcome: Outcome
+    attempt: int = 1
+    order_index: int = 0
+    reason: str | None = None
+    kind: str = "environment"
+
+    def key(self) -> str:
+        """The record's idempotency key (``EnvironmentRecord.key``)."""
+        parts = (self.campaign, self.host, self.mode, self.workload, self.env_index, self.attempt)
+        return "/".join(map(str, parts))
+
+
+OUTCOME_DECODER = msgspec.json.Decoder(OutcomeView)
 
 
 def record_views(lines: Iterable[bytes]) -> list[RecordView]:
@@ -65,6 +93,7 @@ def record_views(lines: Iterable[bytes]) -> list[RecordView]:
 class PlannedView(msgspec.Struct):
     """The identity of a planned environment (campaign.json's ``environments`` entries)."""
 
+    campaign: str
     host: str
     mode: str
     workload: str
@@ -73,6 +102,11 @@ class PlannedView(msgspec.Struct):
     attempt: int = 1
     order_index: int = 0
     kind: str = "environment"
+
+    def key(self) -> str:
+        """The environment's idempotency key (``EnvironmentSpec.key``)."""
+        parts = (self.campaign, self.host, self.mode, self.workload, self.env_index, self.attempt)
+        return "/".join(map(str, parts))
 
 
 class CampaignView(msgspec.Struct):
