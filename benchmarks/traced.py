@@ -35,10 +35,12 @@ STEPS = {
     "provenance check": ("worker.fleet", "send_provenance"),
     "task": ("worker.fleet", "execute"),
     "coordinator verify": ("coordinator.fleet", "Coordinator.check"),
-    "append with fsync": ("coordinator.store", "Store.append_records"),
+    "append": ("coordinator.store", "Store.append_records"),
     "chain link": ("coordinator.hostlog", "linked_line"),
-    "finalize check": ("coordinator.fleet", "Coordinator.maybe_finalize"),
-    "coordinator task": ("coordinator.fleet", "Coordinator.accept"),
+    "fsync": ("coordinator.intake", "sync_file"),
+    "ack and stored mark": ("coordinator.intake", "Intake._commit"),
+    "finalize check": ("coordinator.intake", "Intake._may_be_complete"),
+    "intake batch": ("coordinator.intake", "Intake.handle"),
 }
 
 
@@ -63,12 +65,14 @@ def timed(step: str, fn: Any) -> Any:
 def install() -> None:
     """Wrap every step of ``STEPS`` whose module imports here."""
     for step, (module_name, attr) in STEPS.items():
-        module = importlib.import_module(module_name)
-        owner: Any = module
-        *outer, name = attr.split(".")
-        for part in outer:
-            owner = getattr(owner, part)
-        setattr(owner, name, timed(step, getattr(owner, name)))
+        try:
+            owner: Any = importlib.import_module(module_name)
+            *outer, name = attr.split(".")
+            for part in outer:
+                owner = getattr(owner, part)
+            setattr(owner, name, timed(step, getattr(owner, name)))
+        except (ImportError, AttributeError):  # a tree without that step (an older one)
+            continue
 
 
 if __name__ == "__main__":

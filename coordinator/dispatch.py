@@ -6,9 +6,7 @@ else. Also the repairs: ``rerun`` of a cell by one of its task ids, and of every
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -17,55 +15,17 @@ from celery import Celery
 from coordinator.fleet import ACTIVE_CAMPAIGNS_KEY, FINALIZED_KEY
 from coordinator.progress import host_progress
 from coordinator.store import Store
-from tasks.app import TASK_RUN, describe, host_queue
 from tasks.broker import check_broker, redis_client
 from tasks.errors import FleetError, StoreError
-from tasks.outbox import Outbox
+from tasks.outbox import by_host as by_host  # the send path lives beside the outbox
+from tasks.outbox import send_specs as send_specs
 from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.records import EnvironmentSpec
-from tasks.signing import CoordinatorKey
-from tasks.spec_signing import signed_spec_data
 
 
 def with_task_ids(specs: list[EnvironmentSpec]) -> list[EnvironmentSpec]:
     """``specs`` each with a fresh task id (the key to find and rerun it later)."""
     return [s.model_copy(update={"task_id": uuid.uuid4().hex}) for s in specs]
-
-
-def by_host(specs: list[EnvironmentSpec]) -> dict[str, list[EnvironmentSpec]]:
-    """``specs`` grouped per host, each host's list in its seeded run order."""
-    out: dict[str, list[EnvironmentSpec]] = defaultdict(list)
-    for spec in sorted(specs, key=lambda s: (s.host, s.order_index)):
-        out[spec.host].append(spec)
-    return dict(out)
-
-
-def send_specs(
-    app: Celery, specs: list[EnvironmentSpec], signer: CoordinatorKey, outbox: Outbox | None = None
-) -> int:
-    """Queue every spec, signed, on its host's queue, host by host in run order; how many.
-
-    The messages are Celery's own, written a batch per Redis transaction (``Outbox``): one
-    fsync per batch instead of one per message. A caller that sends often passes its own
-    ``outbox`` (its connections stay open).
-    """
-    if outbox is None:
-        with Outbox(app) as own:
-            return send_specs(app, specs, signer, own)
-    sent = outbox.sent
-    for host, host_specs in by_host(specs).items():
-        queue = host_queue(host)
-        for spec in host_specs:
-            outbox.add(
-                TASK_RUN,
-                [signed_spec_data(spec, signer)],
-                {"sent_at": time.time()},
-                queue=queue,
-                task_id=spec.task_id or uuid.uuid4().hex,
-                argsrepr=describe(spec),
-            )
-    outbox.flush()
-    return outbox.sent - sent
 
 
 def watch_campaign(app: Celery, campaign: str) -> None:

@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from coordinator.progress import (
     HostProgress,
     finalize_host,
     host_progress,
-    load_campaign,
+    planned_hosts,
+    planned_keys,
 )
 from coordinator.registry import HostRegistry
 from coordinator.store import Store
@@ -43,6 +45,7 @@ from tasks.app import (
 )
 from tasks.broker import ALIVE_KEY, STARTED_KEY, redis_client
 from tasks.errors import HostKeyError, RecordRejected, StoreError
+from tasks.outbox import Outbox, send_specs
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 from tasks.signing import (
     canonical_json,
@@ -62,6 +65,11 @@ REJECTED_KEY = "sandbench:rejected:{campaign}"  # list of JSON {key, host, reaso
 STORED_AT_KEY = "sandbench:stored-at:{campaign}"  # hash env key -> wall time the store took it
 FINALIZED_KEY = "sandbench:finalized:{campaign}"  # hash host -> fingerprint at finalization
 FINALIZE_QUEUED_KEY = "sandbench:finalize-queued:{campaign}"  # hash host -> fingerprint
+REPORT_STALE_KEY = "sandbench:report-stale"  # campaigns whose report misses a finalized host
+# A host finalized while others still run: the campaign's report is rebuilt at most this often
+# (by the sweep), not once per host; the last host's finalization rebuilds it at once.
+REPORT_EVERY_ENV = "SANDBENCH_REPORT_EVERY"
+DEFAULT_REPORT_EVERY_S = 30.0
 DUPLICATES_KEY = "sandbench:duplicates:{campaign}"  # hash host -> records dropped as duplicates
 SWEEP_INTERVAL_S = 2.0
 # A started environment whose worker stopped beating is recorded lost only after its message
@@ -82,6 +90,14 @@ def lost_after_s() -> float:
     return visibility + float(os.environ.get(LOST_GRACE_ENV) or DEFAULT_LOST_GRACE_S)
 
 
+def rejection(data: dict[str, Any], reason: str) -> tuple[str, str]:
+    """Log a record that must not be stored; the Redis list and entry that count it."""
+    campaign = str(data.get("campaign", "unknown"))
+    entry = {"host": data.get("host"), "reason": reason, "at": time.time()}
+    log.warning("record rejected: %s", reason)
+    return REJECTED_KEY.format(campaign=campaign), json.dumps(entry)
+
+
 class Coordinator:
     """Verifies, stores and finalizes; one per coordinator process."""
 
@@ -90,6 +106,7 @@ class Coordinator:
     def __init__(self, store: Store, registry: HostRegistry, client: redis.Redis, app: Celery):
         self.store, self.registry, self.client, self.app = store, registry, client, app
         self.leases = Leases(client, self.requeue, self.mark_lost)
+        self._reported: dict[str, float] = {}  # campaign -> when the sweep last rebuilt its report
 
     @classmethod
     def from_env(cls, app: Celery) -> Coordinator:
@@ -116,7 +133,7 @@ class Coordinator:
             )
         record = EnvironmentRecord.model_validate(data, strict=True)
         try:
-            planned = load_campaign(self.store, record.campaign).spec_by_key()
+            planned = planned_keys(self.store, record.campaign)
         except StoreError as exc:
             raise RecordRejected(f"{record.key()}: {exc}") from exc
         if record.key() not in planned:
@@ -139,10 +156,7 @@ class Coordinator:
 
     def reject(self, data: dict[str, Any], reason: str) -> dict[str, Any]:
         """Log and count a record that must not be stored."""
-        campaign = str(data.get("campaign", "unknown"))
-        entry = {"host": data.get("host"), "reason": reason, "at": time.time()}
-        log.warning("record rejected: %s", reason)
-        self.client.rpush(REJECTED_KEY.format(campaign=campaign), json.dumps(entry))
+        self.client.rpush(*rejection(data, reason))
         return {"rejected": reason}
 
     def rejected(self, campaign: str) -> list[dict[str, Any]]:
@@ -160,7 +174,7 @@ class Coordinator:
                 raise RecordRejected(f"provenance of {host}: not signed by its registered key")
             signature = base64.b64decode(str(envelope.get("ed25519")), validate=True)
             public_key_from_b64(public).verify(signature, canonical_json(body))
-            load_campaign(self.store, campaign)
+            planned_keys(self.store, campaign)  # a campaign stored here
         except (HostKeyError, RecordRejected, InvalidSignature, ValueError, StoreError) as exc:
             return self.reject(dict(envelope), f"provenance of {host}: {exc or 'bad signature'}")
         facts = dict(envelope["facts"])
@@ -170,51 +184,92 @@ class Coordinator:
         return {"provenance": host}
 
     # --- finalization --------------------------------------------------------------------------
-    def maybe_finalize(self, campaign: str, host: str) -> bool:
-        """Queue ``finalize_host`` when the host is complete and not finalized as it stands."""
+    def maybe_finalize(self, campaign: str, host: str, outbox: Outbox | None = None) -> bool:
+        """Queue ``finalize_host`` when the host is complete and not finalized as it stands
+        (through ``outbox`` when given: it goes out with the outbox's next flush)."""
         progress = host_progress(self.store, campaign, host)
+        if not progress.complete():  # asked after every stored record: no Redis until complete
+            return False
         fingerprint = progress.fingerprint()
-        done = self.client.hget(FINALIZED_KEY.format(campaign=campaign), host)
-        if not progress.complete() or done == fingerprint:
+        if self.client.hget(FINALIZED_KEY.format(campaign=campaign), host) == fingerprint:
             return False
         queued = self.client.hget(FINALIZE_QUEUED_KEY.format(campaign=campaign), host)
         if queued == fingerprint:
             return False
         self.client.hset(FINALIZE_QUEUED_KEY.format(campaign=campaign), host, fingerprint)
-        self.app.send_task(
-            TASK_FINALIZE,
-            args=[campaign, host],
-            queue=COORDINATOR_QUEUE,
-            argsrepr=f"{host} {campaign}",
-        )
+        if outbox is not None:
+            outbox.add(TASK_FINALIZE, [campaign, host], {}, queue=COORDINATOR_QUEUE,
+                       task_id=uuid.uuid4().hex, argsrepr=f"{host} {campaign}")  # fmt: skip
+        else:
+            self.app.send_task(
+                TASK_FINALIZE,
+                args=[campaign, host],
+                queue=COORDINATOR_QUEUE,
+                argsrepr=f"{host} {campaign}",
+            )
         return True
 
     def finalize(self, campaign: str, host: str) -> dict[str, Any]:
-        """``finalize_host``, then mark the host finalized as it stands (and the campaign done)."""
-        result = finalize_host(self.store, campaign, host)
-        if result.complete:
-            self.client.hset(FINALIZED_KEY.format(campaign=campaign), host, result.fingerprint)
-            if self.all_finalized(campaign):
-                self.client.srem(ACTIVE_CAMPAIGNS_KEY, campaign)
+        """``finalize_host``, then mark the host finalized as it stands (and the campaign done).
+
+        The campaign's report is rebuilt by the host that completes the campaign, before it is
+        marked finalized (so a finished campaign has its report); a host finalized while others
+        still run marks the report stale, and the sweep rebuilds it at most every
+        ``$SANDBENCH_REPORT_EVERY`` seconds: 5,000 hosts finishing cost a few rebuilds, not 5,000.
+        """
+        from coordinator.report import write_report  # the report imports what imports this
+
+        result = finalize_host(self.store, campaign, host, report=False)
+        if not result.complete:
+            return result.as_dict()
+        last = self.all_finalized(campaign, but=host)
+        if last:
+            write_report(self.store, campaign)
+            self.client.srem(REPORT_STALE_KEY, campaign)
+        else:
+            self.client.sadd(REPORT_STALE_KEY, campaign)
+        self.client.hset(FINALIZED_KEY.format(campaign=campaign), host, result.fingerprint)
+        if last:
+            self.client.srem(ACTIVE_CAMPAIGNS_KEY, campaign)
         return result.as_dict()
 
-    def all_finalized(self, campaign: str) -> bool:
-        """Whether every host of ``campaign`` is finalized as it stands."""
+    def refresh_reports(self, now: float) -> None:
+        """Rebuild the stale reports last built at least ``$SANDBENCH_REPORT_EVERY`` s ago."""
+        from coordinator.report import write_report
+
+        every = float(os.environ.get(REPORT_EVERY_ENV) or DEFAULT_REPORT_EVERY_S)
+        for campaign in sorted(str(c) for c in self.client.smembers(REPORT_STALE_KEY)):
+            if now - self._reported.get(campaign, 0.0) < every:
+                continue
+            self.client.srem(REPORT_STALE_KEY, campaign)  # a finalization after this marks again
+            try:
+                write_report(self.store, campaign)
+            except StoreError as exc:
+                log.warning("report of %s not rebuilt: %s", campaign, exc)
+            self._reported[campaign] = now
+
+    def all_finalized(self, campaign: str, but: str | None = None) -> bool:
+        """Whether every host of ``campaign`` (``but`` one) is finalized as it stands."""
         done = self.client.hgetall(FINALIZED_KEY.format(campaign=campaign))
-        return all(
-            done.get(h) == host_progress(self.store, campaign, h).fingerprint()
-            for h in self.store.load_campaign(campaign).hosts
-        )
+        hosts = [h for h in planned_hosts(self.store, campaign) if h != but]
+        if any(h not in done for h in hosts):  # cheap: no host's records looked at
+            return False
+        return all(done[h] == host_progress(self.store, campaign, h).fingerprint() for h in hosts)
 
     # --- lost runs -------------------------------------------------------------------------------
     def lost_runs(self, progress: HostProgress, now: float) -> Iterable[EnvironmentSpec]:
         """Environments that started, stopped beating and did not come back in time."""
-        for spec in progress.missing():
-            started = self.client.get(STARTED_KEY.format(key=spec.key()))
-            if started is None or self.client.exists(ALIVE_KEY.format(key=spec.key())):
-                continue
-            if now - float(started) > lost_after_s():
-                yield spec
+        missing = progress.missing()
+        if not missing:
+            return
+        # one MGET per host and sweep, not a GET per missing environment (thousands queued)
+        marks = self.client.mget([STARTED_KEY.format(key=s.key()) for s in missing])
+        started = [(s, float(m)) for s, m in zip(missing, marks, strict=True) if m is not None]
+        overdue = [s for s, at in started if now - at > lost_after_s()]
+        if not overdue:
+            return
+        beats = self.client.mget([ALIVE_KEY.format(key=s.key()) for s in overdue])
+        yield from (s for s, beat in zip(overdue, beats, strict=True) if beat is None)
 
     def mark_lost(self, campaign: str, host: str, spec: EnvironmentSpec, reason: str) -> None:
         """Record that ``spec`` was lost, with ``reason`` (a planned environment without record)."""
@@ -228,16 +283,15 @@ class Coordinator:
 
     def requeue(self, spec: EnvironmentSpec) -> None:
         """Queue ``spec`` again exactly as planned (same key, attempt and task id)."""
-        from coordinator.dispatch import send_specs
-
         send_specs(self.app, [spec], self.store.signer)
 
     def sweep(self) -> None:
-        """One pass over the active campaigns: lost runs, expired leases, finalize what is done."""
+        """One pass over the active campaigns: lost runs, expired leases, finalize what is done,
+        and the stale reports due."""
         now = time.time()
         for campaign in sorted(str(c) for c in self.client.smembers(ACTIVE_CAMPAIGNS_KEY)):
             try:
-                hosts = self.store.load_campaign(campaign).hosts
+                hosts = planned_hosts(self.store, campaign)
             except StoreError:
                 continue
             for host in hosts:
@@ -246,6 +300,7 @@ class Coordinator:
                     self.mark_lost(campaign, host, spec, LOST_REASON)
                 self.leases.sweep(campaign, progress, now)
                 self.maybe_finalize(campaign, host)
+        self.refresh_reports(now)
 
     def watch(self, stop: threading.Event) -> None:
         """Sweep every few seconds until ``stop`` is set (a daemon thread of the coordinator)."""

@@ -43,6 +43,7 @@ DEFAULT_RESTORE_INTERVAL_S = 10
 RESULT_EXPIRES_S = 7 * 24 * 3600
 APP_NAME = "sandbench"
 COORDINATOR_QUEUE = "coordinator"
+RECORDS_QUEUE = "records"  # store_record messages: the coordinator's intake takes them in batches
 HOST_QUEUE_PREFIX = "host."
 
 # Task names: ``run_environment`` runs on queue ``host.<name>``, the others on ``coordinator``.

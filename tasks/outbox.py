@@ -13,6 +13,8 @@ is queued whole or not at all.
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from types import TracebackType
@@ -22,7 +24,11 @@ import msgspec
 from celery import Celery
 from celery.utils.nodenames import anon_nodename
 
+from tasks.app import RECORDS_QUEUE, TASK_RUN, TASK_STORE, describe, host_queue
 from tasks.broker import redis_client
+from tasks.records import EnvironmentSpec
+from tasks.signing import CoordinatorKey
+from tasks.spec_signing import signed_spec_data
 
 BATCH_MESSAGES = 1000  # messages per transaction (about 2 MB of LPUSH): one fsync each
 SENT_EVENT = "task-sent"
@@ -36,11 +42,13 @@ _encode = msgspec.json.Encoder().encode
 class Outbox:
     """Task messages for named queues, built as Celery builds them and queued in batches."""
 
-    def __init__(self, app: Celery, batch: int = BATCH_MESSAGES) -> None:
+    def __init__(
+        self, app: Celery, batch: int = BATCH_MESSAGES, hostname: str | None = None
+    ) -> None:
         self.app, self.batch = app, batch
         self._connection = app.connection_for_write()
-        self._channel: Any = self._connection.default_channel  # kombu's Redis channel
-        self._events = app.events.Dispatcher(self._connection, enabled=False)
+        self.channel: Any = self._connection.default_channel  # kombu's Redis channel
+        self._events = app.events.Dispatcher(self._connection, enabled=False, hostname=hostname)
         self._client = redis_client(app.conf.broker_url)
         self._origin, self._reply_to = anon_nodename(), app.thread_oid
         self._queued: dict[str, list[str]] = defaultdict(list)
@@ -80,12 +88,17 @@ class Outbox:
     def _add_event(self, fields: dict[str, Any], queue: str) -> None:
         """Build the ``task-sent`` event of a message for ``queue``, as Celery publishes it."""
         fields.update(queue=queue, exchange=ANON_EXCHANGE, routing_key=queue)
-        event = self._events._prepare_event(SENT_EVENT, fields)  # clock, hostname, pid
-        exchange, routing_key = self._events.exchange.name, SENT_EVENT.replace("-", ".")
+        self.event(SENT_EVENT, fields)
+
+    def event(self, kind: str, fields: dict[str, Any]) -> None:
+        """Build a task event (``task-received``, ...) as Celery's dispatcher publishes it; it
+        goes out with the next flush."""
+        event = self._events._prepare_event(kind, fields)  # clock, hostname, pid
+        exchange, routing_key = self._events.exchange.name, kind.replace("-", ".")
         payload = self._envelope(
             event, self._events.headers, {}, self._events.delivery_mode, exchange, routing_key
         )
-        for topic in self._channel._get_publish_topics(exchange, routing_key):
+        for topic in self.channel._get_publish_topics(exchange, routing_key):
             self._published.append((topic, payload))
 
     def _envelope(
@@ -103,15 +116,15 @@ class Outbox:
         values, so the same message once decoded).
         """
         properties = {**properties, "delivery_mode": delivery_mode}
-        message = self._channel.prepare_message(
+        message = self.channel.prepare_message(
             _encode(body), PRIORITY, CONTENT_TYPE, CONTENT_ENCODING, headers, properties
         )
-        self._channel._inplace_augment_message(message, exchange, routing_key)
+        self.channel._inplace_augment_message(message, exchange, routing_key)
         return _encode(message).decode()
 
     def _bind(self, pipe: Any, queue: str) -> None:
         """Declare ``queue``'s binding as kombu's ``queue_bind`` does for a direct queue."""
-        channel = self._channel
+        channel = self.channel
         member = channel.sep.join([queue, "", queue])
         pipe.sadd(channel.keyprefix_queue % (queue,), member)
         pipe.sadd(channel.keyprefix_binding_permanent % (queue,), member)
@@ -120,9 +133,9 @@ class Outbox:
         """Queue every message built since the last flush in one transaction; how many.
 
         ``also`` adds its own commands to that transaction (a mark that must be set exactly
-        when the messages are queued).
+        when the messages are queued); events built since go with it.
         """
-        if not self.pending:
+        if not (self.pending or self._published or also):
             return 0
         pipe = self._client.pipeline(transaction=True)
         if also is not None:
@@ -157,3 +170,50 @@ class Outbox:
                 self.flush()
         finally:
             self.close()
+
+
+def by_host(specs: list[EnvironmentSpec]) -> dict[str, list[EnvironmentSpec]]:
+    """``specs`` grouped per host, each host's list in its seeded run order."""
+    out: dict[str, list[EnvironmentSpec]] = defaultdict(list)
+    for spec in sorted(specs, key=lambda s: (s.host, s.order_index)):
+        out[spec.host].append(spec)
+    return dict(out)
+
+
+def send_specs(
+    app: Celery, specs: list[EnvironmentSpec], signer: CoordinatorKey, outbox: Outbox | None = None
+) -> int:
+    """Queue every spec, signed, on its host's queue, host by host in run order; how many.
+
+    Each message is Celery's own ``run_environment``, written a batch per Redis transaction:
+    one fsync per batch instead of one per message. A caller that sends often passes its own
+    ``outbox`` (its connections stay open).
+    """
+    if outbox is None:
+        with Outbox(app) as own:
+            return send_specs(app, specs, signer, own)
+    sent = outbox.sent
+    for host, host_specs in by_host(specs).items():
+        queue = host_queue(host)
+        for spec in host_specs:
+            outbox.add(
+                TASK_RUN,
+                [signed_spec_data(spec, signer)],
+                {"sent_at": time.time()},
+                queue=queue,
+                task_id=spec.task_id or uuid.uuid4().hex,
+                argsrepr=describe(spec),
+            )
+    outbox.flush()
+    return outbox.sent - sent
+
+
+def add_record(outbox: Outbox, record: dict[str, Any]) -> None:
+    """Add a signed record's ``store_record`` message for queue ``records`` (a host's hand-over).
+
+    Its result is not kept (the store is the record).
+    """
+    shown = (f"{record['host']} {record['mode']}/{record['workload']} #{record['env_index']} "
+             f"attempt {record['attempt']}")  # fmt: skip
+    outbox.add(TASK_STORE, [record], {}, queue=RECORDS_QUEUE, task_id=uuid.uuid4().hex,
+               argsrepr=shown, kwargsrepr="{}", ignore_result=True)  # fmt: skip

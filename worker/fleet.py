@@ -16,14 +16,13 @@ import logging
 import os
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import redis
 from celery import Celery, Task
 
-from tasks.app import COORDINATOR_QUEUE, TASK_PROVENANCE, TASK_RUN, TASK_STORE
+from tasks.app import COORDINATOR_QUEUE, TASK_PROVENANCE, TASK_RUN
 from tasks.broker import (
     ALIVE_KEY,
     ALIVE_REFRESH_S,
@@ -37,7 +36,7 @@ from tasks.broker import (
     redis_client,
 )
 from tasks.errors import FleetError, SpecRefused
-from tasks.outbox import Outbox
+from tasks.outbox import Outbox, add_record
 from tasks.records import EnvironmentSpec
 from tasks.signing import HostKey, canonical_json, default_key_path
 from worker.config import load_allowlist, trusted_coordinator
@@ -244,13 +243,11 @@ def process_outbox(app: Celery) -> Outbox:
 def hand_over(app: Celery, spec: EnvironmentSpec, record: dict[str, Any]) -> None:
     """Send ``spec``'s signed record to the coordinator and mark the environment done.
 
-    One Redis transaction, one fsync: the done mark is set exactly when the record is queued.
-    ``store_record``'s result is not kept (the store is the record).
+    One Redis transaction, one fsync: the done mark is set exactly when the record is queued
+    (on queue ``records``, which the coordinator's intake takes in batches).
     """
-    shown = f"{spec.host} {spec.mode}/{spec.workload} #{spec.env_index} attempt {spec.attempt}"
     outbox = process_outbox(app)
-    outbox.add(TASK_STORE, [record], {}, queue=COORDINATOR_QUEUE, task_id=uuid.uuid4().hex,
-               argsrepr=shown, kwargsrepr="{}", ignore_result=True)  # fmt: skip
+    add_record(outbox, record)
     done = DONE_KEY.format(key=spec.key())
     outbox.flush(also=lambda pipe: pipe.set(done, "1", ex=MARK_TTL_S))
 

@@ -149,11 +149,12 @@ def _reap_at_start(work_root: Path) -> None:
 @click.option("--loglevel", default="INFO")
 @click.pass_context
 def coordinator_cmd(ctx: click.Context, broker: str | None, data: Path, loglevel: str) -> None:
-    """Run the coordinator: verify and store records, record lost runs, finalize hosts
-    ('sandbench coordinator init' makes its key)."""
+    """Run the coordinator: verify and store records (taken in batches from queue 'records'),
+    record lost runs, finalize hosts ('sandbench coordinator init' makes its key)."""
     if ctx.invoked_subcommand is not None:
         return
     from coordinator.fleet import DATA_ENV, Coordinator, register_tasks
+    from coordinator.intake import Intake
     from tasks.app import COORDINATOR_QUEUE
 
     data.mkdir(parents=True, exist_ok=True)
@@ -161,8 +162,11 @@ def coordinator_cmd(ctx: click.Context, broker: str | None, data: Path, loglevel
     app = _app(broker)
     register_tasks(app)
     stop = threading.Event()
-    watcher = threading.Thread(target=Coordinator.from_env(app).watch, args=(stop,), daemon=True)
+    coordinator = Coordinator.from_env(app)
+    watcher = threading.Thread(target=coordinator.watch, args=(stop,), daemon=True)
     watcher.start()
+    intake = threading.Thread(target=Intake(coordinator).run, args=(stop,), daemon=True)
+    intake.start()  # the records queue, in batches (coordinator.intake)
     try:
         app.worker_main(
             [
