@@ -1,11 +1,12 @@
 """Fidelity: is the harness invisible in the clocks? Runner vs a bare driver; Ready minus spawn.
 
 1. Round clocks, per workload at full scale (default: the mechanism and workflow groups):
-   ``--pairs`` pairs of native environments, one through the runner and one through a bare
-   driver (the payload spawned into a fresh cgroup with the same quota, a blocking readline,
-   the clock from writing ``round k`` to reading ``done k``, ``check k`` outside it), in ABBA
-   order, each on a fresh copy of the fixture synced to disk before it starts. Figure: median
-   runner environment time / median bare environment time (environment = sum of its rounds).
+   ``--pairs`` pairs (default 10: with 3, the fsync-bound workflows scatter by 10%) of native
+   environments, one through the runner and one through a bare driver (the payload spawned
+   into a fresh cgroup with the same quota, a blocking readline, the clock from writing
+   ``round k`` to reading ``done k``, ``check k`` outside it), in ABBA order, each on a fresh
+   copy of the fixture synced to disk before it starts. Figure: median runner environment time
+   / median bare environment time (environment = sum of its rounds).
    Targets: <= 1.01 for each workflow; the median of the mechanisms' ratios <= 1.03.
 2. Ready minus spawn, per mode (native, host, staged, command, docker): ``--ready`` environments
    of each mode through the runner, each right after a bare spawn of ``python3 -I -S -c`` that
@@ -16,7 +17,7 @@
 Prints the machine and its load average before and after; exits 0 when every target is met,
 1 when one is missed, 2 when an environment failed (a failure is never a time).
 
-    .venv/bin/python benchmarks/fidelity.py [--pairs 3] [--ready 15] [--rounds 3]
+    .venv/bin/python benchmarks/fidelity.py [--pairs 10] [--ready 15] [--rounds 3]
         [--scale 1.0] [--workloads NAME|GROUP ...] [--modes MODE ...]
 """
 
@@ -266,7 +267,7 @@ def load() -> str:
 def parse() -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=3, help="runner/bare pairs per workload")
+    parser.add_argument("--pairs", type=int, default=10, help="runner/bare pairs per workload")
     parser.add_argument("--ready", type=int, default=15, help="environments per mode for Ready")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0)
