@@ -156,7 +156,8 @@ def main() -> None:
         if step not in HIDDEN | AFTER:
             listed += statistics.median(values)
             print(f"{step:28s} {statistics.median(values):6.2f} ms {p95(values):6.2f} ms")
-    print(f"{'rest (Celery, Redis, gaps)':28s} {median - listed:6.2f} ms (median less the steps)")
+    print(f"{'the steps add up to':28s} {listed:6.2f} ms of the median's {median:.2f} (the rest: "
+          "Celery and Redis between them; medians only roughly add)")  # fmt: skip
     for step, values in ordered:
         if step in AFTER:
             print(f"{step + ' (after, not in it)':28s} {statistics.median(values):6.2f} ms "

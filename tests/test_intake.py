@@ -13,7 +13,14 @@ import pytest
 import redis
 
 from coordinator.dispatch import with_task_ids
-from coordinator.fleet import DUPLICATES_KEY, REJECTED_KEY, STORED_AT_KEY, Coordinator
+from coordinator.fleet import (
+    DUPLICATES_KEY,
+    REJECTED_KEY,
+    REPORT_EVERY_ENV,
+    REPORT_STALE_KEY,
+    STORED_AT_KEY,
+    Coordinator,
+)
 from coordinator.intake import Intake
 from coordinator.registry import HostRegistry
 from coordinator.store import Store
@@ -148,3 +155,30 @@ def test_a_batch_taken_and_never_handled_comes_back(tmp_path: Path) -> None:
         assert sum(len(lab.store.records(CAMPAIGN, h)) for h in HOSTS) == len(lab.specs)
     finally:
         lab.close()
+
+
+def test_the_report_is_rebuilt_once_for_hosts_that_finish_apart(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host finalized while others run marks the campaign's report stale (the sweep rebuilds
+    it when due), and the host that completes the campaign rebuilds it before it is final."""
+    report = lab.store.campaign_dir(CAMPAIGN) / "report.md"
+    intake = Intake(lab.coordinator)
+    lab.hand_over([lab.record(s) for s in lab.specs if s.host == "lab-a"])
+    intake.handle(intake.take())
+    assert lab.coordinator.finalize(CAMPAIGN, "lab-a")["finalized"]
+    assert not report.exists() and lab.client.sismember(REPORT_STALE_KEY, CAMPAIGN)
+    monkeypatch.setenv(REPORT_EVERY_ENV, "3600")
+    lab.coordinator.refresh_reports(time.time())  # never built here: due at once
+    assert report.exists() and not lab.client.sismember(REPORT_STALE_KEY, CAMPAIGN)
+    first = report.read_text()
+    assert "have no record yet" in first  # lab-b and lab-c still run
+    lab.hand_over([lab.record(s) for s in lab.specs if s.host != "lab-a"])
+    intake.handle(intake.take())
+    assert lab.coordinator.finalize(CAMPAIGN, "lab-b")["finalized"]
+    lab.coordinator.refresh_reports(time.time())  # built a moment ago: not due yet
+    assert lab.client.sismember(REPORT_STALE_KEY, CAMPAIGN) and report.read_text() == first
+    assert lab.coordinator.finalize(CAMPAIGN, "lab-c")["finalized"]  # the last host
+    assert "have no record yet" not in report.read_text()
+    assert not lab.client.sismember(REPORT_STALE_KEY, CAMPAIGN)
+    assert lab.coordinator.all_finalized(CAMPAIGN)
