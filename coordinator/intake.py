@@ -49,18 +49,27 @@ SYNC_THREADS = 16  # host logs fsynced at once (the file system commits them tog
 # Take up to ARGV[1] messages from the queue's tail (oldest first, as BRPOP would) and enter
 # each into kombu's unacked index as kombu's QoS.append does: hash tag -> [message, exchange,
 # routing key], zset tag -> delivery time. Atomic: a message is on the queue or in the index.
+# A message that is not a kombu message (not JSON, no delivery tag) goes to KEYS[4], aside: it
+# could never be acknowledged, and must not stop the messages behind it.
 TAKE = """
 local out = {}
 for i = 1, tonumber(ARGV[1]) do
   local m = redis.call('RPOP', KEYS[1])
   if not m then break end
-  local tag = cjson.decode(m)['properties']['delivery_tag']
-  redis.call('HSET', KEYS[2], tag, '[' .. m .. ', "", "' .. KEYS[1] .. '"]')
-  redis.call('ZADD', KEYS[3], ARGV[2], tag)
-  out[#out + 1] = m
+  local ok, msg = pcall(cjson.decode, m)
+  local props = ok and type(msg) == 'table' and msg['properties']
+  local tag = type(props) == 'table' and props['delivery_tag']
+  if type(tag) == 'string' then
+    redis.call('HSET', KEYS[2], tag, '[' .. m .. ', "", "' .. KEYS[1] .. '"]')
+    redis.call('ZADD', KEYS[3], ARGV[2], tag)
+    out[#out + 1] = m
+  else
+    redis.call('RPUSH', KEYS[4], m)
+  end
 end
 return out
 """
+UNREADABLE_KEY = "sandbench:records-unreadable"  # list: what the take script set aside
 
 
 @dataclass
@@ -77,10 +86,11 @@ class Taken:
 def decode(raw: str) -> Taken:
     """A message as kombu stores it, decoded like a worker does (protocol 2, JSON, base64)."""
     message = _decode(raw)  # msgspec: the same objects as json.loads, several times faster
-    tag, task_id = message["properties"]["delivery_tag"], message["headers"].get("id", "")
-    data: Any = None
+    tag = message["properties"]["delivery_tag"]  # the take script made sure there is one
+    headers = message.get("headers") if isinstance(message.get("headers"), dict) else {}
+    task_id, data = str(headers.get("id", "")), None
     try:
-        if message["headers"].get("task") == TASK_STORE:
+        if headers.get("task") == TASK_STORE:
             args, _kwargs, _embed = _decode(base64.b64decode(message["body"]))
             data = args[0]
     except (msgspec.MsgspecError, ValueError, TypeError, KeyError, IndexError):
@@ -96,7 +106,7 @@ class Intake:
         self.client: redis.Redis = coordinator.client
         self.events = Outbox(coordinator.app, hostname=f"intake@{socket.gethostname()}")
         channel = self.events.channel
-        self.keys = [RECORDS_QUEUE, channel.unacked_key, channel.unacked_index_key]
+        self.keys = [RECORDS_QUEUE, channel.unacked_key, channel.unacked_index_key, UNREADABLE_KEY]
         self._take = self.client.register_script(TAKE)
         self._pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="intake-sync")
 
@@ -199,4 +209,7 @@ class Intake:
                 self.handle(raws)
             except (redis.RedisError, StoreError, OSError) as exc:
                 log.warning("intake failed, retrying (taken messages come back): %s", exc)
+                stop.wait(1.0)
+            except Exception:  # noqa: BLE001 -- the intake must outlive any one batch
+                log.exception("intake batch failed (its messages come back after the timeout)")
                 stop.wait(1.0)

@@ -21,7 +21,7 @@ from coordinator.fleet import (
     STORED_AT_KEY,
     Coordinator,
 )
-from coordinator.intake import Intake
+from coordinator.intake import UNREADABLE_KEY, Intake
 from coordinator.registry import HostRegistry
 from coordinator.store import Store
 from tasks.app import COORDINATOR_QUEUE, RECORDS_QUEUE, TASK_FINALIZE, create_app
@@ -117,15 +117,18 @@ def test_a_batch_is_stored_acknowledged_shown_and_finalized(lab: Lab) -> None:
 
 def test_forged_junk_and_duplicates_are_counted_not_stored(lab: Lab) -> None:
     """A record changed after signing and a message that is no record are rejected and
-    counted; a record sent twice is stored once and counted as a duplicate."""
+    counted, one that is not even a message is set aside; a record sent twice is stored once and
+    counted as a duplicate."""
     good = lab.record(lab.specs[0])
     forged = lab.record(lab.specs[1])
     forged["ready_ms"] = 99.0  # one signed field changed
     lab.hand_over([good, forged, good])
     with Outbox(lab.app) as outbox:  # a message of another task on the records queue
         outbox.add("not_a_record", [1], {}, queue=RECORDS_QUEUE, task_id="junk", argsrepr="x")
+    lab.client.lpush(RECORDS_QUEUE, "not even JSON")  # no delivery tag: set aside, not retried
     intake = Intake(lab.coordinator)
     intake.handle(intake.take())
+    assert lab.client.lrange(UNREADABLE_KEY, 0, -1) == ["not even JSON"]
     assert [r.key() for r in lab.store.records(CAMPAIGN, "lab-a")] == [lab.specs[0].key()]
     reasons = [json.loads(e)["reason"] for e in lab.client.lrange(REJECTED_KEY.format(
         campaign=CAMPAIGN), 0, -1)]  # fmt: skip
