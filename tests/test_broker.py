@@ -127,7 +127,8 @@ def test_rerun_with_a_dead_broker_plans_nothing(silent_port: int, tmp_path: Path
     store.create_campaign("", plan, specs)
     before = (store.campaign_dir("c-20261201-abcd") / "campaign.json").read_bytes()
     env = {**os.environ, "SANDBENCH_BROKER": f"redis://:{SECRET}@127.0.0.1:{silent_port}/0"}
-    out = subprocess.run([PYTHON, "-m", "coordinator", "rerun", str(specs[0].task_id), "--data",
+    cell = next(s for s in specs if s.kind == "environment")  # a sentinel is in no cell
+    out = subprocess.run([PYTHON, "-m", "coordinator", "rerun", str(cell.task_id), "--data",
                           str(store.root)], env=env, cwd=REPO, capture_output=True, text=True,
                          timeout=60)  # fmt: skip
     assert out.returncode == 2 and "broker unreachable at 127.0.0.1:" in out.stderr, out.stderr

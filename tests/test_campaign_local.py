@@ -121,7 +121,7 @@ def _check_wall_split(stdout: str) -> None:
     seconds = [float(s) for s in re.findall(r" ([\d.]+) s \(", line)]
     assert [p.split(" ", 1)[0] for p in line.split(": ", 1)[1].split(", ")][:5] == [
         "measured", "preparation", "oracle", "cleanup", "sentinel"]  # fmt: skip
-    assert len(seconds) == 6 and seconds[0] > 0 and seconds[1] > 0  # five parts and the harness
+    assert len(seconds) == 6 and seconds[0] > 0  # five parts and the harness (each rounded)
     assert sum(seconds) == pytest.approx(wall, abs=0.35)  # each figure rounded to 0.1 s
 
 
