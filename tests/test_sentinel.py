@@ -81,6 +81,20 @@ def test_the_plan_turns_it_off_or_sets_k(setting: str, points: int) -> None:
     assert sum(s.kind == "environment" for s in specs) == 12
 
 
+def test_the_readmes_sentinel_settings_do_what_it_says() -> None:
+    """The README's two sentinel blocks: the first plans no point, the second one every 50."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```toml\n(.*?)```", readme, flags=re.S) if "sentinel" in b]
+    assert len(blocks) == 2
+    base = PLAN.format(limit=90, every=5).split("[sentinel]")[0]
+    off, every_50 = (parse_plan(base.replace("environments = 3", "environments = 40") + b)
+                     for b in blocks)  # fmt: skip
+    assert [s for s in expand(off, ["lab-a"], "c-1", "/w") if s.kind == "sentinel"] == []
+    kinds = [s.kind for s in sorted(expand(every_50, ["lab-a"], "c-1", "/w"),
+                                    key=lambda s: s.order_index)]  # fmt: skip
+    assert sentinel_positions(kinds) == [0, 50, 100, 150, 160]  # 160 cell environments
+
+
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
