@@ -66,7 +66,8 @@ def test_a_stored_cohort_that_is_a_path_writes_no_report(tmp_path: Path) -> None
     """A campaign stored with a cohort that climbs out of the store: `report` exits 2, no file."""
     data = tmp_path / "store" / "data"
     store = Store(data)
-    plan = parse_plan('modes = ["native"]\nworkloads = ["publish"]\nenvironments = 1\nrounds = 1')
+    plan = parse_plan('modes = ["native"]\nworkloads = ["publish"]\nenvironments = 1\nrounds = 1'
+                      "\nsentinel = false")  # fmt: skip
     spec = expand(plan, ["lab-a"], "c-20261201-abcd", "/w")[0]
     store.create_campaign("", plan, [spec])
     record = EnvironmentRecord.from_spec(
