@@ -1,12 +1,15 @@
 """Fidelity: is the harness invisible in the clocks? Runner vs a bare driver; Ready minus spawn.
 
 1. Round clocks, per workload at full scale (default: the mechanism and workflow groups):
-   ``--pairs`` pairs (default 10: with 3, the fsync-bound workflows scatter by 10%) of native
+   ``--pairs`` pairs (default 10) of native environments per mechanism, ``--workflow-pairs``
+   (default 40: at 10, a workflow's ratio moves by 2-3% from run to run) per workflow, of native
    environments, one through the runner and one through a bare driver (the payload spawned
    into a fresh cgroup with the same quota, a blocking readline, the clock from writing
    ``round k`` to reading ``done k``, ``check k`` outside it), in ABBA order, each on a fresh
-   copy of the fixture synced to disk before it starts. Figure: median runner environment time
-   / median bare environment time (environment = sum of its rounds).
+   copy of the fixture synced to disk before it starts. Figure: the median over pairs of runner
+   environment time / bare environment time (environment = sum of its rounds; the two of a pair
+   run back to back, so slow drift of the machine cancels), with a 95% bootstrap interval over
+   pairs that says how finely the machine resolves it (the verdict is on the figure itself).
    Targets: <= 1.01 for each workflow; the median of the mechanisms' ratios <= 1.03.
 2. Ready minus spawn, per mode (native, host, staged, command, docker): ``--ready`` environments
    of each mode through the runner, each right after a bare spawn of ``python3 -I -S -c`` that
@@ -17,7 +20,8 @@
 Prints the machine and its load average before and after; exits 0 when every target is met,
 1 when one is missed, 2 when an environment failed (a failure is never a time).
 
-    .venv/bin/python benchmarks/fidelity.py [--pairs 10] [--ready 15] [--rounds 3]
+    .venv/bin/python benchmarks/fidelity.py [--pairs 10] [--workflow-pairs 40] [--ready 15]
+        [--rounds 3]
         [--scale 1.0] [--workloads NAME|GROUP ...] [--modes MODE ...]
 """
 
@@ -26,12 +30,14 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,15 +158,30 @@ class Clocks:
 
     @property
     def ratio(self) -> float:
-        """Median runner time over median bare time."""
-        return statistics.median(self.runner) / statistics.median(self.bare)
+        """The median over pairs of runner time / bare time."""
+        return paired_ratio(self.runner, self.bare)
+
+    def interval(self, draws: int = 2000) -> tuple[float, float]:
+        """A 95% percentile-bootstrap interval of ``ratio``, resampling whole pairs."""
+        rng = random.Random(SEED)
+        pairs = list(zip(self.runner, self.bare, strict=True))
+        estimates = sorted(
+            paired_ratio(*zip(*rng.choices(pairs, k=len(pairs)), strict=True)) for _ in range(draws)
+        )
+        return estimates[int(0.025 * draws)], estimates[int(0.975 * draws) - 1]
+
+
+def paired_ratio(runner: Sequence[float], bare: Sequence[float]) -> float:
+    """Median of runner[i] / bare[i]."""
+    return statistics.median(r / b for r, b in zip(runner, bare, strict=True))
 
 
 def round_clocks(name: str, args: argparse.Namespace, root: Path) -> Clocks:
-    """``args.pairs`` interleaved pairs (ABBA) of runner and bare environments of ``name``."""
+    """Interleaved pairs (ABBA) of runner and bare environments of ``name``."""
     clocks = Clocks(name)
     ensure_fixture(name, SEED, args.scale, root / "fixtures")  # built once, before any clock
-    for pair in range(args.pairs):
+    workflow = WORKLOADS[name].group == "workflow"
+    for pair in range(args.workflow_pairs if workflow else args.pairs):
         runner_first = pair % 2 == 0
         for through_runner in (runner_first, not runner_first):
             if through_runner:
@@ -173,12 +194,14 @@ def round_clocks(name: str, args: argparse.Namespace, root: Path) -> Clocks:
 
 def report_clocks(results: list[Clocks]) -> list[str]:
     """Print the round-clock table; the targets missed."""
-    print(f"{'workload':<18} {'group':<10} {'runner s':>10} {'bare s':>10} {'ratio':>7}")
+    print(f"{'workload':<18} {'group':<10} {'runner s':>10} {'bare s':>10} {'ratio':>7}"
+          f"  {'95% interval':>13}")  # fmt: skip
     missed, mechanisms = [], []
     for c in results:
         group = WORKLOADS[c.name].group
         print(f"{c.name:<18} {group:<10} {statistics.median(c.runner):>10.4f}"
-              f" {statistics.median(c.bare):>10.4f} {c.ratio:>7.3f}")  # fmt: skip
+              f" {statistics.median(c.bare):>10.4f} {c.ratio:>7.3f}"
+              "  {:.3f}-{:.3f}".format(*c.interval()))  # fmt: skip
         if group == "workflow" and c.ratio > WORKFLOW_TARGET:
             missed.append(f"{c.name} ratio {c.ratio:.3f} > {WORKFLOW_TARGET}")
         mechanisms += [c.ratio] if group == "mechanism" else []
@@ -267,7 +290,8 @@ def load() -> str:
 def parse() -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=10, help="runner/bare pairs per workload")
+    parser.add_argument("--pairs", type=int, default=10, help="runner/bare pairs per mechanism")
+    parser.add_argument("--workflow-pairs", type=int, default=40, help="... per workflow")
     parser.add_argument("--ready", type=int, default=15, help="environments per mode for Ready")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scale", type=float, default=1.0)
@@ -290,7 +314,8 @@ def main() -> int:
         if names:
             print(
                 f"\nRound clocks: native, scale {args.scale}, {args.rounds} rounds, "
-                f"{args.pairs} runner/bare pairs per workload (ABBA), s per environment"
+                f"runner/bare pairs (ABBA) {args.pairs} per mechanism, {args.workflow_pairs}"
+                " per workflow; s per environment"
             )
             missed += report_clocks([round_clocks(name, args, root) for name in names])
         if args.modes:

@@ -38,13 +38,17 @@ def test_fidelity_prints_its_figures() -> None:
     """fidelity.py runs both parts and prints ratios and Ready - spawn (targets are its verdict,
     not this test's: it exits 0 or 1 by them, never 2 here)."""
     done = run_script(
-        "fidelity.py", "--pairs", "1", "--ready", "2", "--scale", "0.02",
+        "fidelity.py", "--pairs", "1", "--workflow-pairs", "2", "--ready", "2", "--scale", "0.02",
         "--workloads", "publish", "read-small", "--modes", "native", "command",
     )  # fmt: skip
     assert done.returncode in (0, 1), done.stdout + done.stderr
     out = done.stdout
     assert "load average at start" in out and "load average at end" in out
-    assert re.search(r"^publish\s+workflow\s+[\d.]+\s+[\d.]+\s+[\d.]+$", out, flags=re.M), out
+    figures = r"\s+[\d.]+\s+[\d.]+\s+(?P<ratio>[\d.]+)\s+(?P<low>[\d.]+)-(?P<high>[\d.]+)$"
+    publish = re.search(r"^publish\s+workflow" + figures, out, flags=re.M)
+    assert publish, out
+    low, ratio, high = (float(publish[name]) for name in ("low", "ratio", "high"))
+    assert low <= ratio <= high, out  # the interval holds the figure it qualifies
     assert re.search(r"^native\s+(-?[\d.]+\s+){5}", out + " ", flags=re.M), out
     assert "mechanisms: median of 1 ratios" in out and "native: median Ready - spawn" in out
 

@@ -196,6 +196,7 @@ class _Run:
         if self.mode.staged:
             self.original = snapshot(workspace)
         try:  # the copies' dirty pages and metadata must not be flushed inside round 1's clock
+            (env_dir / STDERR_FILE).touch()  # nor a file the harness creates after the sync
             syncfs(self.base)
         except OSError as exc:
             raise Failed(os_reason(exc), f"syncing the prepared environment: {exc}") from exc
@@ -207,7 +208,7 @@ class _Run:
             argv = self.mode.launcher(self.env)
         except Exception as exc:  # a mode that cannot say what to launch cannot start
             raise Failed("launcher-error", f"mode launcher: {exc}") from exc
-        with open(self.env.env_dir / STDERR_FILE, "wb") as stderr:
+        with open(self.env.env_dir / STDERR_FILE, "ab") as stderr:  # made (empty) and synced
             try:  # the marker t0: just before the launcher's exec, after the cgroup join
                 self.proc, t0 = spawn_marked(
                     argv, self.cgroup, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
