@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -291,3 +292,71 @@ def test_missing_podman_fails_preflight(tmp_path: Path) -> None:
     )  # fmt: skip
     podman_line = next(line for line in listed.stdout.splitlines() if "podman" in line)
     assert f"podman not found at {missing}" in podman_line, listed.stdout
+
+
+KILLED_RUNNER = """
+import sys
+from tasks.records import EnvironmentSpec, Quota
+from worker.runner import run_environment
+
+# a twentieth of one CPU: each round of ws256-w1 takes about 5 s, so it is killed mid-round
+spec = EnvironmentSpec(
+    campaign="t-podkill", host="local", mode="podman", workload="ws256-w1", env_index=0,
+    seed=4244, scale=1.0, rounds=3, limit_s=120.0, work_root=sys.argv[1],
+    quota=Quota(cpus="0", cpu_quota=0.05),
+)
+run_environment(spec)
+"""
+
+
+def test_host_clean_reaps_a_killed_podman_environment(
+    store: Podman, image_layers: set[str], tmp_path: Path
+) -> None:
+    """A runner killed with -9 while its podman container runs leaves the container, its
+    workspace, cgroup and ledger entry; ``sandbench host clean`` removes them all (container,
+    conmon, mounts, container layer) and leaves an unlabelled container of the same store."""
+    from tests.leftovers import NOTHING, leftovers
+    from worker.modes.podman import ensure_image
+
+    work = tmp_path / "work"
+    work.mkdir()
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "SANDBENCH_HOME": str(home), STATE_DIR_ENV: str(store.state_dir)}
+    image = ensure_image(store)["image"]
+    store.run("create", "--name", "sb-bystander", "--network=none", image, "/bin/true")
+    errors = tmp_path / "runner.stderr"
+    with errors.open("wb") as stderr:
+        runner = subprocess.Popen(
+            [sys.executable, "-c", KILLED_RUNNER, str(work)], cwd=REPO, env=env,
+            stdout=subprocess.DEVNULL, stderr=stderr,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (len(store.containers()) == 2 and conmons(store)):  # ours started
+            assert runner.poll() is None, errors.read_text()
+            assert time.monotonic() < deadline, "the podman environment never started"
+            time.sleep(0.2)
+        time.sleep(2)  # well inside round 1
+        runner.kill()
+        runner.wait(timeout=30)
+        left = leftovers(work, "t-podkill")
+        assert left["files"] and left["cgroups"], left
+        assert len(store.containers()) == 2, "the killed runner's container is gone by itself"
+        done = subprocess.run(
+            [sys.executable, "-m", "coordinator", "host", "clean", "--work-root", str(work),
+             "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        kinds = [item["kind"] for item in result["reaped"]]
+        assert kinds.count("podman-container") == 1, result
+        assert "workspace" in kinds and not result["problems"], result
+        assert store.containers() == ["sb-bystander"]
+        assert leftovers(work, "t-podkill") == NOTHING
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+        store.run("rm", "--force", "sb-bystander")
+    assert_nothing_left(store, image_layers)
