@@ -180,6 +180,65 @@ def test_timeout_kills_the_whole_tree(modes_root: Path) -> None:
     assert children(SERVICE_DIR / "envs") == set()
 
 
+KILLED_MARK = "2718.28"  # the sleeps of the reaping test
+KILLED_RUNNER = """
+import sys
+from tasks.records import EnvironmentSpec
+from worker.runner import run_environment
+
+mark = sys.argv[2]
+template = f"setsid sleep {mark} & exec sleep {mark}"
+spec = EnvironmentSpec(
+    campaign="v2kill", host="v2host", mode="command", workload="publish", env_index=0,
+    scale=0.02, limit_s=120.0, work_root=sys.argv[1], mode_options={"template": template},
+)
+run_environment(spec)
+"""
+
+
+def _marked() -> list[int]:
+    """Processes of the reaping test still alive."""
+    found = psutil.process_iter(["cmdline", "status"])
+    return [
+        p.pid
+        for p in found
+        if KILLED_MARK in (p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE
+    ]
+
+
+def test_host_clean_reaps_a_killed_runner_on_v2(tmp_path: Path) -> None:
+    """A runner killed with -9 mid-environment leaves its v2 cgroup (with a detached child), the
+    workspace and its ledger entry; ``sandbench host clean`` kills what is in the cgroup, removes
+    it and the workspace, and the service's envs/ is empty again."""
+    work = tmp_path / "work"
+    work.mkdir()
+    before = children(SERVICE_DIR / "envs")
+    runner = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUNNER, str(work), KILLED_MARK],
+        cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while len(_marked()) < 2:
+        assert runner.poll() is None and time.monotonic() < deadline, "the environment never ran"
+        time.sleep(0.1)
+    runner.kill()
+    runner.wait(timeout=30)
+    left = children(SERVICE_DIR / "envs") - before
+    assert len(left) == 1 and _marked(), "the killed runner left its cgroup and sleeps"
+    proc = subprocess.run(
+        [SANDBENCH, "host", "clean", "--work-root", str(work), "--json"], capture_output=True,
+        text=True, timeout=CLI_TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    kinds = [item["kind"] for item in result["reaped"]]
+    assert "cgroup" in kinds and "workspace" in kinds and not result["problems"], result
+    assert _marked() == []
+    assert children(SERVICE_DIR / "envs") == before
+    assert not (work / "envs").exists() or not list((work / "envs").iterdir())
+
+
 def test_delegated_placement(modes_root: Path) -> None:
     """Under the delegated service our processes move to its supervisor leaf and environments go to
     envs/<key> beside it; nothing is created outside the service's subtree."""
