@@ -43,7 +43,8 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 
 def sync_file(path: Path) -> None:
-    """fsync ``path`` (what was written to it, by any writer, reaches the disk)."""
+    """fsync ``path``, a file or a directory (what was written to it, by any writer, reaches
+    the disk)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,7 +36,14 @@ from pydantic import ValidationError
 from pydantic_core import from_json  # about twice as fast as json.loads on records
 
 from coordinator.chain import EXPANSION_SIG_FILE, HEAD_FILE, expansion_document
-from coordinator.hostlog import LOST_FILE, RECORDS_FILE, HostLog, file_digest, write_atomic
+from coordinator.hostlog import (
+    LOST_FILE,
+    RECORDS_FILE,
+    HostLog,
+    file_digest,
+    sync_file,
+    write_atomic,
+)
 from coordinator.views import CampaignView, campaign_view
 from tasks.errors import StoreError
 from tasks.names import check_name, is_name
@@ -89,14 +95,6 @@ class RawLine:
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Store:
@@ -165,7 +163,7 @@ class Store:
         self._write_campaign(cid, plan_json, specs, _now(), hosts, notes or [])
         for host in hosts:
             self.host_dir(cid, host).mkdir(parents=True, exist_ok=True)
-        _fsync_dir(cdir)
+        sync_file(cdir)  # the directory's new entries
         return cid
 
     def _write_campaign(

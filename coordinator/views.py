@@ -30,8 +30,8 @@ class SignatureView(msgspec.Struct):
     key_id: str
 
 
-class RecordView(msgspec.Struct):
-    """The fields of a stored record the statistics read."""
+class _Identity(msgspec.Struct):
+    """A stored record's identity and outcome, and its idempotency key."""
 
     campaign: str
     host: str
@@ -39,8 +39,18 @@ class RecordView(msgspec.Struct):
     workload: str
     env_index: int
     outcome: Outcome
-    cohort: str = "default"
     attempt: int = 1
+
+    def key(self) -> str:
+        """The record's idempotency key (``EnvironmentRecord.key``)."""
+        parts = (self.campaign, self.host, self.mode, self.workload, self.env_index, self.attempt)
+        return "/".join(map(str, parts))
+
+
+class RecordView(_Identity):
+    """The fields of a stored record the statistics read."""
+
+    cohort: str = "default"
     order_index: int = 0
     failure_class: str | None = None
     reason: str | None = None
@@ -53,33 +63,16 @@ class RecordView(msgspec.Struct):
     started_at: str | None = None
     wall_s: float | None = None
 
-    def key(self) -> str:
-        """The record's idempotency key (``EnvironmentRecord.key``)."""
-        parts = (self.campaign, self.host, self.mode, self.workload, self.env_index, self.attempt)
-        return "/".join(map(str, parts))
-
 
 RECORD_DECODER = msgspec.json.Decoder(RecordView)
 
 
-class OutcomeView(msgspec.Struct):
+class OutcomeView(_Identity):
     """What finalization and the first-failure rule read of a stored record: identity, outcome."""
 
-    campaign: str
-    host: str
-    mode: str
-    workload: str
-    env_index: int
-    outcome: Outcome
-    attempt: int = 1
     order_index: int = 0
     reason: str | None = None
     kind: str = "environment"
-
-    def key(self) -> str:
-        """The record's idempotency key (``EnvironmentRecord.key``)."""
-        parts = (self.campaign, self.host, self.mode, self.workload, self.env_index, self.attempt)
-        return "/".join(map(str, parts))
 
 
 OUTCOME_DECODER = msgspec.json.Decoder(OutcomeView)
