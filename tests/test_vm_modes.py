@@ -137,14 +137,20 @@ def test_payload_under_host_tmp_is_seen_by_the_guest(
 
 
 def test_guest_that_never_gets_ready_is_killed_at_the_limit(root: Path) -> None:
-    """A guest whose init never starts the payload times out before Ready; nothing is left."""
+    """A guest whose init never starts the payload times out before Ready; nothing is left.
+
+    The detail carries the guest console's tail: where the guest stopped (init's progress lines).
+    """
     spec = vm_spec(root, "vm-disk", "seq-write", limit_s=HOLD_LIMIT_S, options={"guest_hold": 1})
     start = time.monotonic()
     record = runner.run_environment(spec)
     elapsed = time.monotonic() - start
     assert isinstance(record, EnvironmentRecord)
     assert (record.outcome, record.failure_class) == ("failed", "resource"), record.detail
-    assert record.reason == "timeout" and "reached before Ready" in (record.detail or "")
+    detail = record.detail or ""
+    assert record.reason == "timeout" and "reached before Ready" in detail
+    assert "guest console: " in detail and "workspace mounted (ext4)" in detail, detail
+    assert detail.endswith("sandbench-init: holding: the payload is not started"), detail
     assert elapsed >= HOLD_LIMIT_S
     assert_clean(root)
 

@@ -132,6 +132,19 @@ def test_exit_wrapper_maps_qemu_status(
     )  # fmt: skip
     assert proc.returncode == launcher_status
     assert ("last console line" in proc.stderr) == (launcher_status != 0)
+    assert (qemu.CONSOLE_TAIL_MARK in proc.stderr) == (launcher_status != 0)  # failure_context
+
+
+def test_console_tail_is_one_line_of_the_last_lines(tmp_path: Path) -> None:
+    """A failure's console context: the last non-empty lines joined; missing or empty is said."""
+    console = tmp_path / "console.log"
+    assert qemu.console_tail(console) == ""  # no console at all: nothing to add
+    console.write_text("")
+    assert qemu.console_tail(console) == "guest console: (empty)"
+    console.write_text("".join(f"line {i}\r\n\n" for i in range(40)))
+    tail = qemu.console_tail(console)
+    expected = " | ".join(f"line {i}" for i in range(40 - qemu.CONSOLE_TAIL_LINES, 40))
+    assert tail == f"guest console: {expected}"
 
 
 def test_job_file_quotes_the_payload_for_the_guest_shell(tmp_path: Path) -> None:

@@ -48,7 +48,13 @@ from worker.channel import (
 )
 from worker.failure import LAUNCH_FAILURE_CODES, Failed, Stopped, os_reason, real_cause
 from worker.modes import EnvContext, HostInfo, Mode, Preflight, get_mode
-from worker.modes.base import PAYLOAD_PYTHON, cgroup_overhead, mode_oom_killed
+from worker.modes.base import (
+    PAYLOAD_PYTHON,
+    STDERR_FILE,
+    cgroup_overhead,
+    mode_failure_context,
+    mode_oom_killed,
+)
 from worker.modes.staged import snapshot, snapshot_diff, syncfs
 from worker.procs import close_pipes, kill_process, spawn_marked
 from worker.workroot import remove_tree
@@ -56,7 +62,6 @@ from worker.workroot import remove_tree
 STDERR_TAIL_BYTES = 1500
 EXIT_POLL_S = 0.05
 DIED_WAIT_S = 1.0  # after the channel closes, how long to wait for the exit status
-STDERR_FILE = "launcher.stderr"
 # Where an environment's wall time goes (the record's ``phases``): preparation (workspace copy,
 # cgroup, the mode's container or guest), drive (marker to exit: Ready, rounds, their checks),
 # the oracle, cleanup. The campaign's split of its wall time adds these up.
@@ -382,8 +387,11 @@ class _Run:
             self.fields["_modified"] = "original workspace changed: " + "; ".join(changes[:5])
 
     def _classify(self, failure: Failed) -> Failed:
-        """The real cause: an OOM kill or a full disk outranks the symptom it produced."""
-        return real_cause(failure, bool(self.fields.get("oom")), self._stderr())
+        """The real cause (OOM kill or full disk outrank their symptom), with the mode's context."""
+        failure = real_cause(failure, bool(self.fields.get("oom")), self._stderr())
+        if self.env is not None and (context := mode_failure_context(self.mode, self.env)):
+            failure.detail = f"{failure.detail}; {context}"
+        return failure
 
     def record(self, failure: Failed | None) -> EnvironmentRecord:
         """The record of this environment."""

@@ -15,6 +15,8 @@ from tasks.records import EnvironmentSpec
 PAYLOAD_PYTHON = os.environ.get("SANDBENCH_PYTHON", "/usr/bin/python3")
 # The launched bootstrap; its body lives beside it, so modes make the whole directory visible.
 PAYLOAD_PATH = Path(__file__).resolve().parents[2] / "workloads" / "payload.py"
+# The launcher's stderr, in the environment's directory (the runner writes it; a mode may read it).
+STDERR_FILE = "launcher.stderr"
 
 
 @dataclass(frozen=True)
@@ -84,11 +86,27 @@ def mode_oom_killed(mode: object, env: EnvContext) -> bool:
     return bool(hook(env)) if hook is not None else False
 
 
+def mode_failure_context(mode: object, env: EnvContext) -> str:
+    """What the mode can add to a failure's detail (optional hook): e.g. a guest's console.
+
+    A guest that hangs before Ready says nothing on the channel; its console shows where it
+    stopped. Never raises: a failure's detail must not hide the failure.
+    """
+    hook = getattr(mode, "failure_context", None)
+    if hook is None:
+        return ""
+    try:
+        return str(hook(env) or "")
+    except Exception as exc:  # noqa: BLE001 -- a diagnostic must never replace the failure
+        return f"(no {mode.__class__.__name__} context: {exc})"
+
+
 @runtime_checkable
 class Mode(Protocol):
     """An execution mode: how the payload is launched, synchronized and checked.
 
-    Optional: ``cgroup_overhead_bytes`` and ``oom_killed(env)`` (see ``cgroup_overhead``).
+    Optional: ``cgroup_overhead_bytes``, ``oom_killed(env)`` (see ``cgroup_overhead``) and
+    ``failure_context(env)`` (see ``mode_failure_context``).
     """
 
     name: str

@@ -18,6 +18,7 @@ makes the init never start the payload.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import ModeUnavailable
-from worker.modes.base import EnvContext, HostInfo, Preflight
+from worker.modes.base import STDERR_FILE, EnvContext, HostInfo, Preflight
 from worker.vm import accel, guest, qemu
 from worker.vm.job import GUEST_PAYLOAD_DIR, Job, WorkspaceKind
 
@@ -164,6 +165,18 @@ class VmMode:
     def result_root(self, env: EnvContext) -> Path:
         """The workspace: the guest wrote straight into it."""
         return env.workspace
+
+    def failure_context(self, env: EnvContext) -> str:
+        """The guest console's last lines, unless the exit wrapper already put them in stderr.
+
+        A guest that hangs (before Ready, in a round) is killed at the limit, wrapper and all;
+        its console (init's progress lines, a kernel's lockup or panic) shows where it stopped.
+        """
+        stderr = env.env_dir / STDERR_FILE
+        with contextlib.suppress(OSError):
+            if qemu.CONSOLE_TAIL_MARK in stderr.read_text(errors="replace"):
+                return ""
+        return qemu.console_tail(env.env_dir / CONSOLE_LOG)
 
     def cleanup(self, env: EnvContext) -> None:
         """Close the control fifos and remove every file this mode created (safe twice)."""

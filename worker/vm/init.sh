@@ -35,6 +35,8 @@ for m in $(cat /modules.order); do
     insmod "/lib/modules/$m.ko" || fail "insmod $m"
   fi
 done
+# Progress lines on the console: when a guest hangs, the runner's failure detail shows its tail.
+say "modules loaded"
 
 JOB=
 for arg in $(cat /proc/cmdline); do
@@ -45,6 +47,7 @@ done
 OPTS9P="trans=virtio,version=9p2000.L,msize=512000"
 mount -t 9p -o "$OPTS9P,ro,cache=loose" hostroot /newroot || fail "mount hostroot"
 [ -r "/newroot$JOB" ] || fail "job file $JOB not visible in the guest"
+say "host root mounted"
 # Sets WS_PATH, WS_KIND (9p-mmap | 9p-loose | ext4 | none), PAYLOAD (a shell command line),
 # PAYLOAD_DIR (the payload's directory on the host) and GUEST_PAYLOAD_DIR (where the command
 # finds it), HOLD (1 = never start the payload) and PROBE (1 = only announce readiness).
@@ -69,6 +72,7 @@ if [ "$WS_KIND" != none ]; then
     ext4) mount -t ext4 -o noinit_itable /dev/vda "/newroot$WS_PATH" ;;
     *) false ;;
   esac || fail "mount workspace ($WS_KIND) at $WS_PATH"
+  say "workspace mounted ($WS_KIND)"
 fi
 
 PORT=$(port_named sandbench) || fail "no virtio-serial port named sandbench"
@@ -87,6 +91,7 @@ if [ "$HOLD" = 1 ]; then
 fi
 
 cd /newroot
+say "starting the payload"
 eval "chroot /newroot /usr/bin/env -i $PAYLOAD" 0<>"$PORT" 1>&0
 status=$?
 say "payload exited with status $status"

@@ -28,6 +28,22 @@ if [ "$s" -ne 0 ]; then echo "sandbench-vm: guest console tail:" >&2; tail -n 12
 exit "$s"
 """
 GUEST_STOPPED_STATUS = 125
+CONSOLE_TAIL_MARK = "sandbench-vm: guest console tail:"  # the wrapper's line before the tail
+CONSOLE_TAIL_LINES = 12
+CONSOLE_TAIL_BYTES = 800
+
+
+def console_tail(path: Path) -> str:
+    """The console log's last lines, one line of text ("guest console: a | b"), or ""."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, path.stat().st_size - 8 * CONSOLE_TAIL_BYTES))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()][-CONSOLE_TAIL_LINES:]
+    joined = " | ".join(lines)[-CONSOLE_TAIL_BYTES:]
+    return f"guest console: {joined}" if joined else "guest console: (empty)"
 
 
 def qemu_binary() -> str | None:
