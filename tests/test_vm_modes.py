@@ -71,11 +71,39 @@ def assert_clean(root: Path) -> None:
     assert not live_processes_under(root / "envs"), "a QEMU process outlived its environment"
 
 
+def hung_before_ready(record: EnvironmentRecord) -> bool:
+    """Whether the environment's guest never sent Ready within the limit."""
+    return record.reason == "timeout" and "reached before Ready" in (record.detail or "")
+
+
+def run_once_more_if_hung(
+    spec: EnvironmentSpec, capsys: pytest.CaptureFixture[str]
+) -> EnvironmentRecord | None:
+    """The environment's record; once more if its guest hung before Ready (a TCG boot flake).
+
+    Under TCG on a shared 2-core host a guest boot very rarely hangs (one in a CI run of ~45
+    boots, stop 18; none in 83 loaded boots and hundreds of probes here). The runner handles it
+    as it must (timeout before Ready, cleaned up: test_guest_that_never_gets_ready_...), and it
+    says nothing about the mode under test. The hung attempt is printed on the terminal with
+    its console tail, so a flake stays visible; a second hang or any other failure fails.
+    """
+    record = runner.run_environment(spec)
+    if record is not None and hung_before_ready(record):
+        with capsys.disabled():
+            print(f"\nNOTE {spec.mode}/{spec.workload}: guest hung before Ready, run once more: "
+                  f"{record.detail}")  # fmt: skip
+        assert_clean(Path(spec.work_root))
+        record = runner.run_environment(spec)
+    return record
+
+
 @pytest.mark.parametrize("workload", WORKLOADS)
 @pytest.mark.parametrize("mode", VM_MODES)
-def test_vm_mode_passes_workload(root: Path, mode: str, workload: str) -> None:
+def test_vm_mode_passes_workload(
+    root: Path, mode: str, workload: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Each VM mode passes the workload under TCG, oracle included, with Ready from the guest."""
-    record = runner.run_environment(vm_spec(root, mode, workload))
+    record = run_once_more_if_hung(vm_spec(root, mode, workload), capsys)
     assert record is not None
     assert record.outcome == "passed", (record.reason, record.detail)
     assert record.oracle is not None and record.oracle.ok
@@ -100,13 +128,13 @@ class CheckedWriteback(VmWritebackMode):
 
 
 def test_writeback_sync_makes_the_round_visible_on_the_host(
-    root: Path, monkeypatch: pytest.MonkeyPatch
+    root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """After vm-writeback's round sync the host sees every file of the round, byte for byte."""
     mode = CheckedWriteback()
     mode.seen = {}
     monkeypatch.setattr(runner, "get_mode", lambda name, options=None: mode)
-    record = runner.run_environment(vm_spec(root, "vm-writeback", "publish"))
+    record = run_once_more_if_hung(vm_spec(root, "vm-writeback", "publish"), capsys)
     assert record is not None and record.outcome == "passed", record.detail
     assert mode.seen == {1: [], 2: [], 3: []}
 
@@ -123,7 +151,7 @@ class PayloadUnderTmp(VmMode):
 
 
 def test_payload_under_host_tmp_is_seen_by_the_guest(
-    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A payload under the host's /tmp, which the guest's own /tmp covers, still runs."""
     assert str(tmp_path).startswith("/tmp/")
@@ -132,7 +160,7 @@ def test_payload_under_host_tmp_is_seen_by_the_guest(
     shutil.copytree(EnvContext.payload.parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
     mode.payload_copy = copy / "payload.py"
     monkeypatch.setattr(runner, "get_mode", lambda name, options=None: mode)
-    record = runner.run_environment(vm_spec(root, "vm", "seq-write"))
+    record = run_once_more_if_hung(vm_spec(root, "vm", "seq-write"), capsys)
     assert record is not None and record.outcome == "passed", (record.reason, record.detail)
 
 
