@@ -131,9 +131,9 @@ def _failure(work: Path, exited: int | None, seconds: float, bound_s: float) -> 
     if exited is not None:
         how = f"was killed by {signal.Signals(-exited).name}" if exited < 0 else f"exited {exited}"
         return f"QEMU {how} after {seconds} s: {err or '(no message)'}"
-    log = (work / "console.log").read_text(errors="replace").strip()[-STDERR_TAIL_CHARS:]
-    tail = f"; QEMU said: {err}" if err else ""
-    return f"no ready line within {bound_s:.0f} s (guest hung); console tail: {log!r}{tail}"
+    said = f"; QEMU said: {err}" if err else ""
+    console = qemu.console_tail(work / "console.log") or "no console log"
+    return f"no ready line within {bound_s:.0f} s (guest hung); {console}{said}"
 
 
 def cached_verdict(guest: Guest) -> dict[str, object] | None:

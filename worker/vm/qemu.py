@@ -15,21 +15,23 @@ CTL_PORT = "sandbench-ctl"
 DEBUG_EXIT_PORT = "0xf4"
 KERNEL_ARGS = "console=ttyS0 quiet panic=-1 reboot=t tsc=reliable no_timer_check i8042.noaux"
 
+CONSOLE_TAIL_MARK = "sandbench-vm: guest console tail:"  # the wrapper's line before the tail
+CONSOLE_TAIL_LINES = 12
 # QEMU's exit status is 2*v+1 for a value v the guest writes to isa-debug-exit; the init writes
 # v = payload status + 1 (1..62), so this wrapper turns QEMU's status back into the payload's.
 # 0 means the guest stopped without reporting (crash, panic): that must not look like success.
-EXIT_WRAPPER = r"""
+EXIT_WRAPPER = rf"""
 console=$1; shift
 "$@"
 s=$?
 if [ "$s" -ge 3 ] && [ "$s" -le 125 ] && [ $((s % 2)) -eq 1 ]; then s=$(((s - 3) / 2));
 elif [ "$s" -eq 0 ]; then echo "sandbench-vm: guest stopped without a status" >&2; s=125; fi
-if [ "$s" -ne 0 ]; then echo "sandbench-vm: guest console tail:" >&2; tail -n 12 "$console" >&2; fi
+if [ "$s" -ne 0 ]; then
+  echo "{CONSOLE_TAIL_MARK}" >&2; tail -n {CONSOLE_TAIL_LINES} "$console" >&2
+fi
 exit "$s"
 """
 GUEST_STOPPED_STATUS = 125
-CONSOLE_TAIL_MARK = "sandbench-vm: guest console tail:"  # the wrapper's line before the tail
-CONSOLE_TAIL_LINES = 12
 CONSOLE_TAIL_BYTES = 800
 
 
