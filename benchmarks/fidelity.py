@@ -49,9 +49,9 @@ from worker.channel import Channel  # noqa: E402
 from worker.modes import HostInfo, get_mode  # noqa: E402
 from worker.modes.base import PAYLOAD_PYTHON  # noqa: E402
 from worker.modes.native import python_version  # noqa: E402
-from worker.modes.staged import syncfs  # noqa: E402
 from worker.procs import kill_process, owned_process, spawn_marked  # noqa: E402
 from worker.runner import preflight_of, run_environment  # noqa: E402
+from worker.workroot import syncfs  # noqa: E402
 from workloads.drive import payload_argv  # noqa: E402
 from workloads.fixtures import copy_fixture, ensure_fixture  # noqa: E402
 from workloads.registry import WORKLOADS, resolve  # noqa: E402

@@ -19,12 +19,8 @@ from tests.container_probe import PROBE
 from worker import quota as cgroups
 from worker.dockerd import DOCKERD_ENV, STATE_DIR_ENV, Dockerd
 from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo
-from worker.modes.docker import (
-    PAYLOAD_DIR_IN,
-    DockerMode,
-    container_name,
-    unmanaged_cgroup_dirs,
-)
+from worker.modes.container import PAYLOAD_DIR_IN, container_name, unmanaged_cgroup_dirs
+from worker.modes.docker import DockerMode
 from workloads.catalog import DECLARED
 
 pytestmark = pytest.mark.docker

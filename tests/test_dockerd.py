@@ -58,7 +58,8 @@ def test_stop_removes_containers(state_dir: Path) -> None:
     """Stopping removes every container, even a running one, and its processes."""
     daemon = Dockerd(state_dir=state_dir)
     daemon.start()
-    from worker.modes.docker import ensure_image, toolset_mounts
+    from worker.modes.container import toolset_mounts
+    from worker.modes.docker import ensure_image
 
     image = ensure_image(daemon)["image"]
     daemon.run("run", "-d", "--network=none", *toolset_mounts(), image, *SLEEPER)

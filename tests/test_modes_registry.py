@@ -7,7 +7,8 @@ from collections import Counter
 from pathlib import Path
 
 from coordinator.plan import SMOKE_VM_WORKLOADS, preset
-from worker.modes import BUILTIN_MODES, REGISTRY, get_mode, tool_commands
+from worker.modes import BUILTIN_MODES, REGISTRY, Mode, get_mode, tool_commands
+from worker.modes.base import EnvContext, HostInfo, Preflight
 from worker.provenance import collect
 from workloads.registry import WORKLOADS
 
@@ -17,6 +18,41 @@ def test_each_line_loads_a_mode_of_its_own_name() -> None:
     assert len(BUILTIN_MODES) == len(REGISTRY) == 9
     for info in REGISTRY:
         assert get_mode(info.name).name == info.name, info.target
+
+
+def test_every_mode_is_one_class_on_the_base() -> None:
+    """Every built-in mode and the command mode subclass Mode, which fills in every hook."""
+    for info in REGISTRY:
+        assert isinstance(get_mode(info.name), Mode), info.target
+    assert isinstance(get_mode("command", {"template": "{payload_argv}"}), Mode)
+
+
+def test_a_mode_needs_only_a_name_a_preflight_and_a_launcher(tmp_path: Path) -> None:
+    """A mode that overrides only the two abstract hooks gets the documented defaults."""
+
+    class Minimal(Mode):
+        name = "minimal"
+
+        def preflight(self, host: HostInfo) -> Preflight:
+            return Preflight(True)
+
+        def launcher(self, env: EnvContext) -> list[str]:
+            return ["true"]
+
+    mode = Minimal.from_options({})
+    env = EnvContext(None, tmp_path / "ws", tmp_path / "env", "/x")  # type: ignore[arg-type]
+    mode.prepare(env)
+    mode.sync(env, 1)
+    assert mode.result_root(env) == tmp_path / "ws"
+    assert (mode.oom_killed(env), mode.failure_context(env), mode.staged) == (False, "", False)
+    assert mode.cgroup_overhead_bytes == 0
+    mode.cleanup(env)
+    try:
+        type("NoLauncher", (Mode,), {"name": "x", "preflight": Minimal.preflight})()
+    except TypeError as exc:
+        assert "launcher" in str(exc)
+    else:
+        raise AssertionError("a mode without a launcher must not be instantiable")
 
 
 def test_the_sandbox_mode_keeps_the_name_users_see() -> None:

@@ -10,8 +10,9 @@ import pytest
 
 from tasks.records import EnvironmentSpec
 from worker.modes import EnvContext, HostInfo, get_mode
-from worker.modes.staged import StagedMode, snapshot, snapshot_diff
+from worker.modes.staged import StagedMode
 from worker.runner import run_environment
+from worker.snapshot import snapshot, snapshot_diff
 from workloads.registry import WORKLOADS
 
 SCALE = 0.02

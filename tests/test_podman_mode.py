@@ -19,7 +19,7 @@ from tests.conftest import REPO, require_binary
 from tests.container_probe import HOG, PROBE
 from worker import quota as cgroups
 from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo
-from worker.modes.docker import PAYLOAD_DIR_IN
+from worker.modes.container import PAYLOAD_DIR_IN
 from worker.modes.podman import (
     CONMON_PIDFILE,
     PodmanMode,

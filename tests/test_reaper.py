@@ -229,7 +229,8 @@ def test_host_clean_removes_its_labelled_containers_only(
     """A labelled container bound to this work root's environment is removed; one bound to
     another work root, and an unlabelled one, stay."""
     from worker.dockerd import Dockerd
-    from worker.modes.docker import LABEL_KEY, ensure_image, toolset_mounts
+    from worker.modes.container import LABEL_KEY, toolset_mounts
+    from worker.modes.docker import ensure_image
 
     daemon = Dockerd(state_dir=docker_dir)
     daemon.start()

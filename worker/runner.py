@@ -48,16 +48,10 @@ from worker.channel import (
 )
 from worker.failure import LAUNCH_FAILURE_CODES, Failed, Stopped, os_reason, real_cause
 from worker.modes import EnvContext, HostInfo, Mode, Preflight, get_mode
-from worker.modes.base import (
-    PAYLOAD_PYTHON,
-    STDERR_FILE,
-    cgroup_overhead,
-    mode_failure_context,
-    mode_oom_killed,
-)
-from worker.modes.staged import snapshot, snapshot_diff, syncfs
+from worker.modes.base import PAYLOAD_PYTHON, STDERR_FILE
 from worker.procs import close_pipes, kill_process, spawn_marked
-from worker.workroot import remove_tree
+from worker.snapshot import snapshot, snapshot_diff
+from worker.workroot import remove_tree, syncfs
 
 STDERR_TAIL_BYTES = 1500
 EXIT_POLL_S = 0.05
@@ -187,7 +181,7 @@ class _Run:
         except Exception as exc:  # a full disk, a tool that failed while building the fixture
             raise Failed(os_reason(exc), f"preparing the workspace: {exc}") from exc
         quota = spec.quota
-        if overhead := cgroup_overhead(self.mode):  # room for the mode's client beside the quota
+        if overhead := self.mode.cgroup_overhead_bytes:  # room for its client beside the quota
             quota = quota.model_copy(update={"memory_bytes": quota.memory_bytes + overhead})
         self.cgroup = cgroup  # set first: cleanup removes a half-created cgroup
         cgroup.create(quota)
@@ -353,7 +347,7 @@ class _Run:
         if self.env is None or not self.prepared:
             return False
         try:
-            return mode_oom_killed(self.mode, self.env)
+            return self.mode.oom_killed(self.env)
         except Exception as exc:  # a verdict we cannot get is noted, never a crash
             self.problems.append(f"mode OOM check: {exc}")
             return False
@@ -389,9 +383,17 @@ class _Run:
     def _classify(self, failure: Failed) -> Failed:
         """The real cause (OOM kill or full disk outrank their symptom), with the mode's context."""
         failure = real_cause(failure, bool(self.fields.get("oom")), self._stderr())
-        if self.env is not None and (context := mode_failure_context(self.mode, self.env)):
+        if self.env is not None and (context := self._failure_context()):
             failure.detail = f"{failure.detail}; {context}"
         return failure
+
+    def _failure_context(self) -> str:
+        """What the mode adds to a failure's detail; a diagnostic never replaces the failure."""
+        assert self.env is not None
+        try:
+            return self.mode.failure_context(self.env)
+        except Exception as exc:  # noqa: BLE001 -- the failure must stay what it was
+            return f"(no {self.mode.name} context: {exc})"
 
     def record(self, failure: Failed | None) -> EnvironmentRecord:
         """The record of this environment."""

@@ -91,7 +91,5 @@ def get_mode(name: str, options: dict[str, Any] | None = None) -> Mode:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise ModeUnavailable(f"mode '{name}' is not built yet ({exc})") from exc
-    cls = getattr(module, cls_name)
-    # a mode whose preflight depends on its options (vm: a forced accelerator) builds from them
-    mode: Mode = cls.from_options(options) if hasattr(cls, "from_options") else cls()
-    return mode
+    cls: type[Mode] = getattr(module, cls_name)
+    return cls.from_options(options)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import abc
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Self
 
 from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.records import EnvironmentSpec
@@ -70,68 +72,57 @@ class EnvContext:
         ]  # fmt: skip
 
 
-def cgroup_overhead(mode: object) -> int:
-    """Bytes a mode's own helpers (e.g. the docker client) add to the environment's cgroup.
-
-    A mode whose launcher is a client of a sandbox with its own memory limit (docker) sets
-    ``cgroup_overhead_bytes`` so the environment's cgroup leaves room for the client and the
-    sandbox's limit, which equals the quota, is the one that binds.
-    """
-    return int(getattr(mode, "cgroup_overhead_bytes", 0))
-
-
-def mode_oom_killed(mode: object, env: EnvContext) -> bool:
-    """Whether the mode saw an OOM kill the environment's cgroup cannot show (optional hook)."""
-    hook = getattr(mode, "oom_killed", None)
-    return bool(hook(env)) if hook is not None else False
-
-
-def mode_failure_context(mode: object, env: EnvContext) -> str:
-    """What the mode can add to a failure's detail (optional hook): e.g. a guest's console.
-
-    A guest that hangs before Ready says nothing on the channel; its console shows where it
-    stopped. Never raises: a failure's detail must not hide the failure.
-    """
-    hook = getattr(mode, "failure_context", None)
-    if hook is None:
-        return ""
-    try:
-        return str(hook(env) or "")
-    except Exception as exc:  # noqa: BLE001 -- a diagnostic must never replace the failure
-        return f"(no {mode.__class__.__name__} context: {exc})"
-
-
-@runtime_checkable
-class Mode(Protocol):
+class Mode(abc.ABC):
     """An execution mode: how the payload is launched, synchronized and checked.
 
-    Optional: ``cgroup_overhead_bytes``, ``oom_killed(env)`` (see ``cgroup_overhead``) and
-    ``failure_context(env)`` (see ``mode_failure_context``).
+    A mode is one class on this base (as BenchExec's tools are on ``BaseTool2``): it must say
+    ``name``, whether it can run here (``preflight``) and what to spawn (``launcher``); every
+    other hook has the default documented on it, so a mode overrides only what it needs.
     """
 
     name: str
-    staged: bool  # works on a copy; the original workspace must stay intact
+    staged: bool = False  # works on a copy; the original workspace must stay intact
+    # Bytes the mode's own helpers (a container client, a runtime's monitor) add to the
+    # environment's cgroup beside a sandbox whose own limit equals the quota, so that limit is
+    # the one that binds.
+    cgroup_overhead_bytes: int = 0
 
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> Self:
+        """The mode built from its plan options (default: it takes none)."""
+        return cls()
+
+    @abc.abstractmethod
     def preflight(self, host: HostInfo) -> Preflight:
         """Can it run here, and why not."""
-        ...
 
-    def prepare(self, env: EnvContext) -> None:
-        """Not timed: cgroup-independent preparation (overlay dirs, images, containers)."""
-        ...
+    def prepare(self, env: EnvContext) -> None:  # noqa: B027 -- a default: nothing to do
+        """Not timed: preparation before the marker (default: nothing beyond the runner's)."""
 
+    @abc.abstractmethod
     def launcher(self, env: EnvContext) -> list[str]:
         """The argv spawned right after the marker."""
-        ...
 
-    def sync(self, env: EnvContext, round: int) -> None:
-        """The mode's synchronization of round ``round``, inside the round clock."""
-        ...
+    def sync(self, env: EnvContext, round: int) -> None:  # noqa: B027 -- a default: nothing to do
+        """The mode's synchronization of round ``round``, inside the round clock (default:
+        nothing beyond the payload's own fsyncs)."""
 
     def result_root(self, env: EnvContext) -> Path:
-        """Where the oracle looks after the launcher exited."""
-        ...
+        """Where the oracle looks after the launcher exited (default: the workspace)."""
+        return env.workspace
 
-    def cleanup(self, env: EnvContext) -> None:
-        """Not timed: remove whatever prepare created; must be safe to call twice."""
-        ...
+    def oom_killed(self, env: EnvContext) -> bool:
+        """An OOM kill the environment's cgroup cannot show, e.g. in a sandbox's own memory
+        cgroup that is gone when it stops; read before cleanup (default: none)."""
+        return False
+
+    def failure_context(self, env: EnvContext) -> str:
+        """What the mode adds to a failure's detail, e.g. a guest's console (default: nothing).
+
+        The runner calls it only for a failure and never lets it raise.
+        """
+        return ""
+
+    def cleanup(self, env: EnvContext) -> None:  # noqa: B027 -- a default: nothing to do
+        """Not timed: remove whatever prepare and the launcher created; safe to call twice
+        (default: nothing, the runner removes the workspace and the cgroup)."""

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import ModeUnavailable
-from worker.modes.base import PAYLOAD_PATH, PAYLOAD_PYTHON, EnvContext, HostInfo, Preflight
+from worker.modes.base import PAYLOAD_PATH, PAYLOAD_PYTHON, EnvContext, HostInfo, Mode, Preflight
 from worker.procs import run_owned
 
 PLACEHOLDERS = (
@@ -62,7 +62,7 @@ def is_command_mode(name: str, options: dict[str, Any]) -> bool:
     return options.get("template") is not None or name == "command"
 
 
-class CommandMode:
+class CommandMode(Mode):
     """A mode whose launcher is a command template from the plan."""
 
     def __init__(self, name: str, options: dict[str, Any]) -> None:

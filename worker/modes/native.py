@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
-from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo, Preflight
+from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo, Mode, Preflight
 
 VERSION_TIMEOUT_S = 10.0
 
@@ -22,11 +21,10 @@ def python_version(python: str = PAYLOAD_PYTHON) -> str | None:
     return (done.stdout or done.stderr).strip() or None
 
 
-class NativeMode:
+class NativeMode(Mode):
     """The reference mode: no isolation beyond the cgroup quota."""
 
     name = "native"
-    staged = False
 
     def preflight(self, host: HostInfo) -> Preflight:
         """Runs wherever the payload interpreter runs."""
@@ -35,19 +33,6 @@ class NativeMode:
             return Preflight(False, f"payload interpreter {PAYLOAD_PYTHON} does not run")
         return Preflight(True, facts={"python": version})
 
-    def prepare(self, env: EnvContext) -> None:
-        """Nothing to prepare: the runner made the workspace."""
-
     def launcher(self, env: EnvContext) -> list[str]:
         """The payload itself, rooted at the workspace."""
         return env.payload_argv(str(env.workspace))
-
-    def sync(self, env: EnvContext, round: int) -> None:
-        """Nothing beyond the payload's own fsync."""
-
-    def result_root(self, env: EnvContext) -> Path:
-        """The workspace."""
-        return env.workspace
-
-    def cleanup(self, env: EnvContext) -> None:
-        """Nothing: the runner removes the workspace."""

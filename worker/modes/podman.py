@@ -30,16 +30,15 @@ from typing import Any
 
 from tasks.records import Quota
 from worker.modes.base import EnvContext, HostInfo, Preflight
-from worker.modes.docker import (
-    IMAGE_PATH,
+from worker.modes.container import (
     LABEL_KEY,
     TOOLS_PROBE,
-    TOOLSET_DIRS,
     WORKSPACE_IN,
+    ContainerMode,
     container_mounts,
     container_name,
-    image_root_tar,
     image_tag,
+    import_image,
     payload_in,
     quota_options,
     toolset_mounts,
@@ -62,29 +61,9 @@ REMOVE_POLL_S = 0.1
 
 
 def ensure_image(store: Podman) -> dict[str, Any]:
-    """Import the host-toolset image unless present; its id and how it was built."""
-    tag = f"{LOCAL_REGISTRY}/{image_tag()}"  # podman's name for it: no short-name resolution
-    built_now = False
-    try:
-        image_id = store.run("image", "inspect", "--format", "{{.Id}}", tag).strip()
-    except PodmanError:
-        store.run(
-            "import",
-            "--change", f"ENV PATH={IMAGE_PATH}",
-            "--message", "sandbench: empty mount points; toolset = host dirs bound read-only",
-            "-", tag,
-            input=image_root_tar(),
-        )  # fmt: skip
-        image_id = store.run("image", "inspect", "--format", "{{.Id}}", tag).strip()
-        built_now = True
-    return {
-        "image": tag,
-        "image_id": image_id,
-        "image_built_now": built_now,
-        "image_build": (
-            f"podman import of empty mount points; host {' '.join(TOOLSET_DIRS)} bound read-only"
-        ),
-    }
+    """Import the host-toolset image into ``store`` unless present; its id and build note."""
+    # podman's name for it: no short-name resolution
+    return import_image(store, f"{LOCAL_REGISTRY}/{image_tag()}", "podman")
 
 
 def create_argv(env: EnvContext, image: str) -> list[str]:
@@ -118,17 +97,20 @@ def leftover_cgroup_dirs(cgroup_path: str) -> list[Path]:
     return below + unmanaged_cgroup_dirs(cgroup_path)
 
 
-class PodmanMode:
+class PodmanMode(ContainerMode):
     """Payload in a podman container on sandbench's own store, quota on the container."""
 
     name = "podman"
-    staged = False
+    engine_name = "podman"
     cgroup_overhead_bytes = LAUNCHER_MEMORY_BYTES
 
     def __init__(self, store: Podman | None = None) -> None:
         self.store = store or Podman()
-        self._image: dict[str, Any] | None = None
-        self._tools: dict[str, str] | None = None
+        super().__init__(self.store)
+
+    def image_name(self) -> str:
+        """podman's name for the image: fully qualified, so no short-name resolution."""
+        return f"{LOCAL_REGISTRY}/{image_tag()}"
 
     def preflight(self, host: HostInfo) -> Preflight:
         """Set the store up and import the image; the reason if podman cannot run here."""
@@ -149,31 +131,20 @@ class PodmanMode:
             return Preflight(False, str(exc))
         return Preflight(True, "", facts)
 
-    def _ensure_image(self) -> dict[str, Any]:
-        """The image facts, importing it the first time."""
-        if self._image is None:
-            self._image = ensure_image(self.store)
-        return self._image
-
-    def _tool_versions(self, image: str) -> dict[str, str]:
-        """Versions of the tools as they run inside a container of this mode (probed once)."""
-        if self._tools is None:
-            # placed as an environment's container is: under a cgroup of its own, conmon
-            # staying with its caller (on v2 a parent cgroup may not hold processes)
-            probe = create_cgroup(f"podman-preflight-{os.getpid()}", Quota())
-            try:
-                out = self.store.run(
-                    "run", "--rm", "--network=none", "--log-driver=none", "--cgroups=no-conmon",
-                    f"--cgroup-parent={probe.path}", *ulimit_options(), *toolset_mounts(),
-                    image, "/bin/sh", "-c", TOOLS_PROBE,
-                )  # fmt: skip
-            finally:
-                for directory in leftover_cgroup_dirs(probe.path):
-                    remove_dir(directory)
-                probe.remove()
-            pairs = (line.split("=", 1) for line in out.splitlines() if "=" in line)
-            self._tools = {k: v for k, v in pairs}
-        return self._tools
+    def _probe(self, image: str) -> str:
+        """``TOOLS_PROBE`` in a container placed as an environment's is: under a cgroup of its
+        own, conmon staying with its caller (on v2 a parent cgroup may not hold processes)."""
+        probe = create_cgroup(f"podman-preflight-{os.getpid()}", Quota())
+        try:
+            return self.store.run(
+                "run", "--rm", "--network=none", "--log-driver=none", "--cgroups=no-conmon",
+                f"--cgroup-parent={probe.path}", *ulimit_options(), *toolset_mounts(),
+                image, "/bin/sh", "-c", TOOLS_PROBE,
+            )  # fmt: skip
+        finally:
+            for directory in leftover_cgroup_dirs(probe.path):
+                remove_dir(directory)
+            probe.remove()
 
     def prepare(self, env: EnvContext) -> None:
         """Not timed: store and image ready, container created (not started)."""
@@ -192,22 +163,6 @@ class PodmanMode:
         return self.store.command(
             "start", "--attach", "--interactive", container_name(env), cwd=bundle
         )
-
-    def oom_killed(self, env: EnvContext) -> bool:
-        """podman's own OOM verdict for the container, read before cleanup removes it.
-
-        The environment's cgroup cannot show it: cgroup v1 counts a kill only in the victim's
-        own memory cgroup, the container's, which the runtime removes when the container stops.
-        """
-        out = self.store.run("inspect", "--format", "{{.State.OOMKilled}}", container_name(env))
-        return out.strip() == "true"
-
-    def sync(self, env: EnvContext, round: int) -> None:
-        """Nothing: the workspace is a bind mount; the payload's fsync reaches the host file."""
-
-    def result_root(self, env: EnvContext) -> Path:
-        """The host workspace, bind-mounted into the container."""
-        return env.workspace
 
     def cleanup(self, env: EnvContext) -> None:
         """Kill and remove the container (its storage too), then the runtime's cgroup dirs."""

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from pathlib import Path
 
-from worker.modes.base import EnvContext, HostInfo, Preflight
+from worker.modes.base import EnvContext, HostInfo, Mode, Preflight
 from worker.modes.native import python_version
 
 BWRAP = "bwrap"
@@ -31,11 +30,14 @@ def bwrap_argv(bwrap: str, workspace: str, payload_dir: str) -> list[str]:
     ]  # fmt: skip
 
 
-class SandboxMode:
-    """The sandbox mode (named ``host``): bubblewrap around the same payload and toolset."""
+class SandboxMode(Mode):
+    """The sandbox mode (named ``host``): bubblewrap around the same payload and toolset.
+
+    bubblewrap builds the sandbox at launch (inside Ready, as in the study) and the sandbox
+    dies with its processes: nothing to prepare, sync or clean up.
+    """
 
     name = "host"
-    staged = False
 
     def preflight(self, host: HostInfo) -> Preflight:
         """bubblewrap is installed and can create the namespaces here."""
@@ -56,22 +58,9 @@ class SandboxMode:
         ).stdout.strip()
         return Preflight(True, facts={"bwrap": version, "python": python_version()})
 
-    def prepare(self, env: EnvContext) -> None:
-        """Nothing: bubblewrap builds the sandbox at launch (inside Ready, as in the study)."""
-
     def launcher(self, env: EnvContext) -> list[str]:
         """bwrap, then the payload rooted at the workspace (same path inside as outside)."""
         bwrap = shutil.which(BWRAP) or BWRAP
         workspace = str(env.workspace)
         return [*bwrap_argv(bwrap, workspace, str(env.payload_dir)), "--",
                 *env.payload_argv(workspace)]  # fmt: skip
-
-    def sync(self, env: EnvContext, round: int) -> None:
-        """Nothing: the workspace is the host's own directory."""
-
-    def result_root(self, env: EnvContext) -> Path:
-        """The workspace."""
-        return env.workspace
-
-    def cleanup(self, env: EnvContext) -> None:
-        """Nothing: the sandbox dies with its processes."""

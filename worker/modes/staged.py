@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import hashlib
 import os
 import shutil
 import stat
@@ -25,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import ModeUnavailable
-from worker.modes.base import EnvContext, HostInfo, Preflight
+from worker.modes.base import EnvContext, HostInfo, Mode, Preflight
 from worker.modes.native import python_version
+from worker.workroot import syncfs
 
 OVERLAY_OPTIONS = "redirect_dir=off,metacopy=off,index=off"  # the publisher reads plain layers
 OPAQUE_XATTR = "trusted.overlay.opaque"
-HASH_CHUNK = 1 << 20
 RACY_NS = 50_000_000  # an entry changed this recently may change again unseen: republish it
 MNT_DETACH = 2
 PREP_TIMEOUT_S = 600.0
@@ -61,7 +60,7 @@ def unmount(path: Path) -> None:
             raise OSError(code, f"umount {path}: {os.strerror(code)}")
 
 
-class StagedMode:
+class StagedMode(Mode):
     """A staged sandbox: the task sees a writable view, the original is never touched."""
 
     name = "staged"
@@ -216,53 +215,3 @@ def _is_opaque(path: Path) -> bool:
         return os.getxattr(path, OPAQUE_XATTR, follow_symlinks=False) == b"y"
     except OSError:
         return False
-
-
-def syncfs(path: Path) -> None:
-    """syncfs(2) the file system holding ``path`` (one call instead of an fsync per file)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if _libc().syncfs(fd) != 0:
-            code = ctypes.get_errno()
-            raise OSError(code, f"syncfs {path}: {os.strerror(code)}")
-    finally:
-        os.close(fd)
-
-
-# -- the original workspace's snapshot (every staged mode, also command modes) -------------------
-Snapshot = dict[str, tuple[Any, ...]]
-
-
-def snapshot(root: Path) -> Snapshot:
-    """Every entry under ``root``: kind, permission bits and, for files, size and SHA-256."""
-    entries: Snapshot = {}
-    for directory, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = Path(directory, name)
-            info = path.lstat()
-            rel = str(path.relative_to(root))
-            if stat.S_ISLNK(info.st_mode):
-                entries[rel] = ("link", os.readlink(path))
-            elif stat.S_ISREG(info.st_mode):
-                entries[rel] = ("file", info.st_mode, info.st_size, _sha256(path))
-            else:
-                entries[rel] = ("other", info.st_mode)
-    return entries
-
-
-def snapshot_diff(before: Snapshot, after: Snapshot) -> list[str]:
-    """What changed between two snapshots, one line per path."""
-    changes = [f"missing {p}" for p in sorted(before.keys() - after.keys())]
-    changes += [f"extra {p}" for p in sorted(after.keys() - before.keys())]
-    both = sorted(before.keys() & after.keys())
-    changes += [f"changed {p}" for p in both if before[p] != after[p]]
-    return changes
-
-
-def _sha256(path: Path) -> str:
-    """SHA-256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -24,11 +24,12 @@ import select
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from tasks.errors import ModeUnavailable
-from worker.modes.base import STDERR_FILE, EnvContext, HostInfo, Preflight
+from worker.modes.base import STDERR_FILE, EnvContext, HostInfo, Mode, Preflight
 from worker.vm import accel, guest, qemu
 from worker.vm.job import GUEST_PAYLOAD_DIR, Job, WorkspaceKind
 
@@ -44,11 +45,10 @@ TOOL_TIMEOUT_S = 600.0
 ALWAYS_IGNORED = "lost+found"
 
 
-class VmMode:
+class VmMode(Mode):
     """``vm``: q35, workspace over 9p without guest caching; the round sync has nothing to do."""
 
     name = "vm"
-    staged = False
     machine = "q35"
     workspace_kind: WorkspaceKind = "9p-mmap"
     guest_sync = False  # does the round's sync ask the guest to sync(2)?
@@ -59,7 +59,7 @@ class VmMode:
         self.forced_accel = forced_accel
 
     @classmethod
-    def from_options(cls, options: dict[str, Any]) -> VmMode:
+    def from_options(cls, options: Mapping[str, Any]) -> Self:
         """The mode with the plan's ``accel`` option, which its preflight then honours."""
         forced = options.get("accel")
         return cls(str(forced) if forced else None)
@@ -161,10 +161,6 @@ class VmMode:
         """Ask the guest to sync(2) and wait for its answer (modes with a guest cache)."""
         if self.guest_sync:
             guest_sync(env, round)
-
-    def result_root(self, env: EnvContext) -> Path:
-        """The workspace: the guest wrote straight into it."""
-        return env.workspace
 
     def failure_context(self, env: EnvContext) -> str:
         """The guest console's last lines, unless the exit wrapper already put them in stderr.
