@@ -14,6 +14,10 @@ Record format versions (bump ``SCHEMA_VERSION`` and list every change here):
   checked over the stored line's own bytes, which must be canonical JSON (sorted keys, no
   whitespace, each number as Python writes it): a line that does not round-trip byte for byte
   is rejected. Specs carry ``coordinator_key`` and ``spec_signature``.
+* 5 -- reason ``quota-escaped`` (class resource: the work ran outside the environment's
+  cgroup); optional ``payload_cpu_s``: the CPU time the payload reported for itself and its
+  children at its last done line (``getrusage``), which the cgroup's ``cpu_s`` is checked
+  against.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.names import Name
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 Outcome = Literal["passed", "failed", "not-run"]
 FailureClass = Literal["startup", "task", "resource"]
@@ -43,6 +47,7 @@ REASONS: dict[str, FailureClass] = {
     "timeout": "resource",
     "oom": "resource",
     "no-space": "resource",
+    "quota-escaped": "resource",
 }
 
 NOT_RUN_RULE = "first-failure-rule"
@@ -178,6 +183,7 @@ class EnvironmentRecord(BaseModel):
     original_intact: bool | None = None
     leftover_processes: int | None = None
     cpu_s: float | None = None
+    payload_cpu_s: float | None = None  # the payload's own getrusage (self + children)
     peak_memory_bytes: int | None = None
     started_at: str | None = None
     seed: int | None = None

@@ -78,6 +78,20 @@ class Cgroup(ABC):
     def remove(self) -> None:
         """Kill what is left and remove the cgroup directories; safe to call twice."""
 
+    def holds(self, pid: int) -> bool | None:
+        """Whether process ``pid`` is in this cgroup or below it in every hierarchy the quota
+        uses (None: the process is gone)."""
+        try:
+            text = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            return None
+        inside = self.path.rstrip("/") + "/"
+        return all((where + "/").startswith(inside) for where in self.placement_of(text))
+
+    @abstractmethod
+    def placement_of(self, proc_cgroup: str) -> list[str]:
+        """A process's cgroup paths in the hierarchies the quota uses, from /proc/PID/cgroup."""
+
     def facts(self) -> dict[str, object]:
         """Provenance of the cgroup: version, path, placement and the limits read back."""
         return {"version": self.version, "path": self.path, "placement": self.placement,

@@ -44,6 +44,15 @@ class CgroupV1(Cgroup):
         rel = path.strip("/")
         self.dirs = {name: mounts[name] / rel for name in CONTROLLERS if name in mounts}
 
+    def placement_of(self, proc_cgroup: str) -> list[str]:
+        """The paths of the ``REQUIRED`` controllers' lines (``4:cpu,cpuacct:/path``)."""
+        paths = []
+        for line in proc_cgroup.splitlines():
+            _, controllers, path = line.split(":", 2)
+            if set(controllers.split(",")) & set(REQUIRED):
+                paths.append(path)
+        return paths
+
     def _unique_dirs(self) -> list[Path]:
         """The cgroup's directories, once each (co-mounted controllers share one)."""
         return list(dict.fromkeys(self.dirs.values()))

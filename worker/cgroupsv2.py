@@ -115,6 +115,10 @@ class CgroupV2(Cgroup):
         self.anchor = anchor  # controllers are enabled from here down to the environment
         self.placement = "root" if anchor == "/" else "delegated"
 
+    def placement_of(self, proc_cgroup: str) -> list[str]:
+        """The unified hierarchy's line (``0::/path``)."""
+        return [line[3:] for line in proc_cgroup.splitlines() if line.startswith("0::")]
+
     @classmethod
     def for_environment(cls, name: str) -> CgroupV2:
         """The (not yet created) cgroup of environment ``name``, placed for this process."""

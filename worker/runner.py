@@ -36,7 +36,7 @@ from typing import Any
 
 from tasks.errors import SandbenchError
 from tasks.records import REASONS, EnvironmentRecord, EnvironmentSpec, OracleResult, RoundRecord
-from worker import ledger
+from worker import containment, ledger
 from worker import quota as cgroups
 from worker.channel import (
     Channel,
@@ -151,6 +151,7 @@ class _Run:
             self._account()
             if self.fields.get("oom"):  # the quota was exceeded, even if the task recovered
                 raise Failed("oom", "a process of the environment was OOM-killed")
+            self._check_cpu()
             with self.timed("oracle"):
                 self._check_result(workload)
         except Failed as failure:
@@ -221,6 +222,7 @@ class _Run:
         try:
             ready = self._ready(channel, deadline)
             self.fields["ready_ms"] = (ready.arrived_ns - t0) / 1e6
+            self._check_placement("after Ready")
             self._check(channel, 0, deadline)  # not timed: the payload prepares round 1's inputs
             for k in range(1, self.spec.rounds + 1):
                 self._round(channel, k, deadline)
@@ -258,7 +260,9 @@ class _Run:
                 raise Failed("timeout", f"{self._limit()} reached in round {k}'s sync") from exc
             raise Failed(os_reason(exc, "round-error"), f"round {k} sync: {exc}") from exc
         task_s = (time.monotonic_ns() - start) / 1e9
-        checked = self._check(channel, k, deadline)  # the clock has stopped: validation
+        self._note_payload_cpu(message)  # the clock has stopped: containment and validation
+        self._check_placement(f"after round {k}")
+        checked = self._check(channel, k, deadline)
         validated = checked.body.get("validated") is True
         digest = checked.body.get("digest") or message.body.get("digest")
         self.fields["rounds"].append(
@@ -351,6 +355,25 @@ class _Run:
         except Exception as exc:  # a verdict we cannot get is noted, never a crash
             self.problems.append(f"mode OOM check: {exc}")
             return False
+
+    def _note_payload_cpu(self, done: Message) -> None:
+        """Keep the CPU time the payload reported for itself at its done line."""
+        cpu_s = done.body.get("cpu_s")
+        if isinstance(cpu_s, int | float) and not isinstance(cpu_s, bool):
+            self.fields["payload_cpu_s"] = float(cpu_s)
+
+    def _check_placement(self, when: str) -> None:
+        """Every process of the launcher's tree is inside the environment's cgroup."""
+        assert self.proc is not None and self.cgroup is not None
+        if problem := containment.placement_problem(self.cgroup, self.proc.pid, when):
+            raise Failed("quota-escaped", problem)
+
+    def _check_cpu(self) -> None:
+        """The cgroup saw (nearly) all the CPU time the payload reports for itself."""
+        cpu_s, payload = self.fields.get("cpu_s"), self.fields.get("payload_cpu_s")
+        floor = self.mode.reported_cpu_floor
+        if cpu_s is not None and (problem := containment.cpu_problem(cpu_s, payload, floor)):
+            raise Failed("quota-escaped", problem)
 
     def _check_result(self, workload: Any) -> None:
         """The oracle on the result root, then (staged) the original workspace's integrity."""

@@ -86,6 +86,11 @@ class Mode(abc.ABC):
     # environment's cgroup beside a sandbox whose own limit equals the quota, so that limit is
     # the one that binds.
     cgroup_overhead_bytes: int = 0
+    # The least share of the CPU time the payload reports for itself that the environment's
+    # cgroup must show (``worker.containment``): one kernel accounts both, so far less means
+    # the work ran elsewhere. A guest's clock is its own (a vCPU the host throttles still
+    # counts its time), so the VM modes ask less.
+    reported_cpu_floor: float = 0.9
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> Self:

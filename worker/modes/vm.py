@@ -49,6 +49,9 @@ class VmMode(Mode):
     """``vm``: q35, workspace over 9p without guest caching; the round sync has nothing to do."""
 
     name = "vm"
+    # The guest's CPU clock runs on while the host throttles its vCPUs: cpu_quota q over v vCPUs
+    # may show q/v of what the guest counts (0.25 at 0.5 core for 2 vCPUs).
+    reported_cpu_floor = 0.1
     machine = "q35"
     workspace_kind: WorkspaceKind = "9p-mmap"
     guest_sync = False  # does the round's sync ask the guest to sync(2)?

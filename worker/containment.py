@@ -1,0 +1,81 @@
+"""Whether an environment's work ran inside its cgroup, so the quota its record claims bound.
+
+Two checks, both outside every clock: every process of the launcher's tree is in the
+environment's cgroup (or below it) after Ready and after each round's done line, and the
+cgroup's CPU time is not implausibly below the CPU time the payload reports for itself
+(``getrusage`` of itself and its children, in each done line). A runtime that moves itself or
+its children elsewhere (a sandbox that manages cgroups of its own) fails the first; work done
+by processes outside the tree (a daemon's) the second. Either ends the environment as
+resource/quota-escaped with the check and its numbers in the detail.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+
+from worker.cgroup import Cgroup
+
+# The payload's CPU time must exceed the cgroup's by at least this much before a low share
+# counts: both clocks tick in microseconds, but a tiny environment's few milliseconds of
+# difference (the payload's own start before it could read its clock) are noise.
+MIN_GAP_S = 0.05
+SHOWN = 5  # processes named in a detail
+
+
+def outside(cgroup: Cgroup, root_pid: int) -> list[str]:
+    """The processes of ``root_pid``'s tree outside ``cgroup``: ``pid name (its cgroup)``."""
+    try:
+        root = psutil.Process(root_pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:  # the launcher is gone: nothing of its tree can run elsewhere
+        return []
+    found = []
+    for proc in tree:
+        if cgroup.holds(proc.pid) is False:
+            found.append(f"{proc.pid} {_comm(proc.pid)} ({_where(cgroup, proc.pid)})")
+    return found
+
+
+def placement_problem(cgroup: Cgroup, root_pid: int, when: str) -> str | None:
+    """The quota-escaped detail when a process of the tree runs outside ``cgroup``."""
+    escaped = outside(cgroup, root_pid)
+    if not escaped:
+        return None
+    more = len(escaped) - SHOWN
+    shown = "; ".join(escaped[:SHOWN]) + (f" and {more} more" if more > 0 else "")
+    return (
+        f"placement check {when}: {len(escaped)} process(es) of the environment run outside "
+        f"its cgroup {cgroup.path}: {shown}"
+    )
+
+
+def cpu_problem(cgroup_cpu_s: float, payload_cpu_s: float | None, floor: float) -> str | None:
+    """The quota-escaped detail when the cgroup shows less than ``floor`` of the payload's
+    own CPU time (and at least ``MIN_GAP_S`` less)."""
+    if payload_cpu_s is None:
+        return None
+    if payload_cpu_s - cgroup_cpu_s < MIN_GAP_S or cgroup_cpu_s >= floor * payload_cpu_s:
+        return None
+    return (
+        f"CPU-time check: the environment's cgroup used {cgroup_cpu_s:.3f} s of CPU while the "
+        f"payload reports {payload_cpu_s:.3f} s for itself and its children (at least "
+        f"{floor:.0%} expected): its work ran outside the quota"
+    )
+
+
+def _comm(pid: int) -> str:
+    """A process's command name, or ``?`` once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def _where(cgroup: Cgroup, pid: int) -> str:
+    """Where a process is, as its /proc/PID/cgroup says for the quota's hierarchies."""
+    try:
+        return ", ".join(sorted(set(cgroup.placement_of(Path(f"/proc/{pid}/cgroup").read_text()))))
+    except OSError:
+        return "gone"
