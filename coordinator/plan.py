@@ -55,7 +55,7 @@ from tasks.records import Quota, VmSize
 from workloads.kit import MAX_ROUNDS
 
 ALL = "all"
-PRESETS = ("smoke", "full")
+PRESETS = ("smoke", "reference", "full")
 SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "KIB": 1024, "M": 1024**2, "MB": 1024**2,
               "MIB": 1024**2, "G": 1024**3, "GB": 1024**3, "GIB": 1024**3}  # fmt: skip
 SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
@@ -385,16 +385,17 @@ def format_cpus(cpus: Iterable[int]) -> str:
 
 
 def preset_text(name: str) -> str:
-    """The TOML text of preset ``name`` (``smoke`` or ``full``)."""
+    """The TOML text of preset ``name`` (``smoke``, ``reference`` or ``full``)."""
     from worker.modes import BUILTIN_MODES
 
     if name not in PRESETS:
         raise PlanError(
-            f"'{name}' is not a preset{_near(name, list(PRESETS))} (presets: smoke, full)"
+            f"'{name}' is not a preset{_near(name, list(PRESETS))} (presets: {', '.join(PRESETS)})"
         )
-    if name == "full":
-        modes = ", ".join(f'"{m}"' for m in BUILTIN_MODES)
-        return FULL_TEMPLATE.format(modes=modes)
+    if name in ("full", "reference"):
+        chosen = [m for m, info in BUILTIN_MODES.items() if name == "full" or info.reference]
+        modes = ", ".join(f'"{m}"' for m in chosen)
+        return FULL_TEMPLATE.format(modes=modes, name=name, what=PRESET_WHAT[name])
     subset = ", ".join(f'"{w}"' for w in SMOKE_VM_WORKLOADS)
     modes = ",\n".join(
         f'  {{ name = "{m.name}", workloads = [{subset}] }}' if m.boots_guest else f'  "{m.name}"'
@@ -432,10 +433,14 @@ notes = [
 ]
 """
 
+PRESET_WHAT = {
+    "reference": "the reference study's nine modes, every workload at the design's sizes",
+    "full": "every built-in mode, every workload at the design's sizes",
+}
 FULL_TEMPLATE = """\
-# sandbench preset 'full': the whole matrix at the design's sizes.
-name = "full"
-cohort = "full"
+# sandbench preset '{name}': {what}.
+name = "{name}"
+cohort = "{name}"
 seed = 1
 environments = 3
 rounds = 3

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import require_binary
 
-from tasks.records import REASONS, EnvironmentSpec, EnvironmentRecord
+from tasks.records import REASONS, EnvironmentRecord, EnvironmentSpec
 from worker import containment
 from worker.cgroupsv1 import REQUIRED
 from worker.quota import cgroup_mounts, detect

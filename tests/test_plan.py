@@ -20,6 +20,7 @@ from coordinator.plan import (
     preset,
 )
 from tasks.errors import PlanError
+from worker.modes import BUILTIN_MODES
 from workloads.registry import WORKLOADS
 
 PLAN = """
@@ -128,11 +129,19 @@ def test_presets_expand_as_documented() -> None:
         "expansion per host: 19 workloads x 5 modes x 3 environments + 1 workload x 4 modes x "
         "3 environments = 297 environments" in describe(smoke)
     )
-    _, full = preset("full")
-    assert len(full.cells()) * full.environments == 19 * 9 * 3 == 513 and full.scale == 1.0
+    _, reference = preset("reference")
+    assert len(reference.cells()) * reference.environments == 19 * 9 * 3 == 513
+    assert reference.scale == 1.0 and reference.cohort == "reference"
     assert (
-        describe(full)[-1]
+        describe(reference)[-1]
         == "expansion per host: 19 workloads x 9 modes x 3 environments = 513 environments"
+    )
+    _, full = preset("full")
+    n = len(BUILTIN_MODES)
+    assert len(full.cells()) * full.environments == 19 * n * 3 and full.scale == 1.0
+    assert describe(full)[-1] == (
+        f"expansion per host: 19 workloads x {n} modes x 3 environments = {19 * n * 3} "
+        "environments"
     )
     assert new_campaign_id().startswith("c-") and len(new_campaign_id()) == len("c-20261129-ab12")
 
@@ -143,8 +152,8 @@ def test_plan_show_command(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0 and "= 297 environments" in out.stdout
     assert "VM modes run only: publish" in out.stdout
-    out = subprocess.run([sys.executable, "-m", "coordinator", "plan", "show", "--preset", "full"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "coordinator", "plan", "show", "--preset",
+                          "reference"], capture_output=True, text=True, timeout=60)  # fmt: skip
     last = out.stdout.strip().splitlines()[-1]
     assert out.returncode == 0
     assert last == "expansion per host: 19 workloads x 9 modes x 3 environments = 513 environments"

@@ -52,7 +52,7 @@ REGISTRY_OPTION = click.option(
 
 def _plan_from(plan_path: Path | None, preset_name: str | None) -> tuple[str, Plan]:
     if (plan_path is None) == (preset_name is None):
-        raise PlanError("give a plan file or --preset smoke|full (one of them)")
+        raise PlanError("give a plan file or --preset smoke|reference|full (one of them)")
     return preset(preset_name) if preset_name else load_plan(plan_path)  # type: ignore[arg-type]
 
 

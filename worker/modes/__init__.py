@@ -26,23 +26,29 @@ class ModeInfo:
     target: str  # "module:Class"
     boots_guest: bool = False  # boots a guest per environment
     tools: tuple[str, ...] = ()  # version commands of the binaries it runs, e.g. "bwrap --version"
+    reference: bool = False  # one of the reference study's nine modes (``--preset reference``)
 
 
 QEMU_TOOLS = ("qemu-system-x86_64 --version",)
 IMAGE_TOOLS = (*QEMU_TOOLS, "mkfs.ext4 -V", "debugfs -V")  # the workspace staged on an ext4 disk
 # One line per built-in mode, in the design's order.
 REGISTRY = (
-    ModeInfo("native", "worker.modes.native:NativeMode"),
-    ModeInfo("host", "worker.modes.sandbox:SandboxMode", tools=("bwrap --version",)),
-    ModeInfo("staged", "worker.modes.staged:StagedMode", tools=("cp --version",)),
+    ModeInfo("native", "worker.modes.native:NativeMode", reference=True),
+    ModeInfo("host", "worker.modes.sandbox:SandboxMode", tools=("bwrap --version",),
+             reference=True),
+    ModeInfo("staged", "worker.modes.staged:StagedMode", tools=("cp --version",), reference=True),
     ModeInfo("docker", "worker.modes.docker:DockerMode",
-             tools=("docker --version", "dockerd --version")),
+             tools=("docker --version", "dockerd --version"), reference=True),
     ModeInfo("podman", "worker.modes.podman:PodmanMode",
-             tools=("podman --version", "conmon --version", "crun --version", "runc --version")),
-    ModeInfo("vm", "worker.modes.vm:VmMode", boots_guest=True, tools=QEMU_TOOLS),
-    ModeInfo("vm-writeback", "worker.modes.vm:VmWritebackMode", boots_guest=True, tools=QEMU_TOOLS),
-    ModeInfo("vm-disk", "worker.modes.vm:VmDiskMode", boots_guest=True, tools=IMAGE_TOOLS),
-    ModeInfo("vm-microvm", "worker.modes.vm:VmMicrovmMode", boots_guest=True, tools=IMAGE_TOOLS),
+             tools=("podman --version", "conmon --version", "crun --version", "runc --version"),
+             reference=True),
+    ModeInfo("vm", "worker.modes.vm:VmMode", boots_guest=True, tools=QEMU_TOOLS, reference=True),
+    ModeInfo("vm-writeback", "worker.modes.vm:VmWritebackMode", boots_guest=True, tools=QEMU_TOOLS,
+             reference=True),
+    ModeInfo("vm-disk", "worker.modes.vm:VmDiskMode", boots_guest=True, tools=IMAGE_TOOLS,
+             reference=True),
+    ModeInfo("vm-microvm", "worker.modes.vm:VmMicrovmMode", boots_guest=True, tools=IMAGE_TOOLS,
+             reference=True),
 )  # fmt: skip
 BUILTIN_MODES: dict[str, ModeInfo] = {info.name: info for info in REGISTRY}
 # The payload's toolset: every mode runs these same binaries (the host's own).
