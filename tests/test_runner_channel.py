@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -131,5 +132,22 @@ def test_spawn_marked_joins_before_the_marker() -> None:
         assert group.path in out.decode()
         with pytest.raises(FileNotFoundError):
             spawn_marked(["/nonexistent/launcher"], group)
+    finally:
+        group.remove()
+
+
+def test_the_launcher_is_the_shims_exec_with_nothing_extra(tmp_path: Path) -> None:
+    """The launcher replaces the shim in the same process (the caller's child) and inherits
+    only its standard streams, not the handshake's pipes."""
+    group = quota.create(quota.cgroup_name("test-shim"), None)
+    try:
+        script = "import os; print(os.getppid(), sorted(os.listdir('/proc/self/fd')))"
+        proc, _ = spawn_marked(["/usr/bin/python3", "-I", "-S", "-c", script], group, stdout=PIPE)
+        out, _ = proc.communicate(timeout=10)
+        parent, fds = out.decode().split(" ", 1)
+        assert int(parent) == os.getpid() and proc.returncode == 0
+        assert fds.strip() == "['0', '1', '2', '3']", "0-2 and listdir's own descriptor"
+        with pytest.raises(FileNotFoundError):
+            spawn_marked(["no-such-launcher-on-path"], group)
     finally:
         group.remove()

@@ -47,8 +47,12 @@ class Cgroup(ABC):
         """Create the cgroup (and its parents) and apply ``quota`` (None: no limits)."""
 
     @abstractmethod
+    def join_paths(self) -> list[Path]:
+        """The ``cgroup.procs`` files whose write of "0" moves the writing process in."""
+
     def join_fds(self) -> list[int]:
         """Open file descriptors whose write of "0" moves the writing process into the cgroup."""
+        return [os.open(path, os.O_WRONLY) for path in self.join_paths()]
 
     @abstractmethod
     def pids(self) -> list[int]:

@@ -93,9 +93,9 @@ class CgroupV1(Cgroup):
         elif quota.swap_bytes == 0:
             write_file(memory / "memory.swappiness", "0")
 
-    def join_fds(self) -> list[int]:
-        """One open ``cgroup.procs`` per hierarchy."""
-        return [os.open(d / "cgroup.procs", os.O_WRONLY) for d in self._unique_dirs()]
+    def join_paths(self) -> list[Path]:
+        """One ``cgroup.procs`` per hierarchy."""
+        return [d / "cgroup.procs" for d in self._unique_dirs()]
 
     def pids(self) -> list[int]:
         """Processes in the pids hierarchy's cgroup."""

@@ -180,9 +180,9 @@ class CgroupV2(Cgroup):
         if (self.dir / "memory.oom.group").exists():
             write_file(self.dir / "memory.oom.group", "1")  # an OOM kills the whole environment
 
-    def join_fds(self) -> list[int]:
+    def join_paths(self) -> list[Path]:
         """The launcher leaf's ``cgroup.procs``."""
-        return [os.open(self.launcher_dir / "cgroup.procs", os.O_WRONLY)]
+        return [self.launcher_dir / "cgroup.procs"]
 
     def _subtree(self) -> list[Path]:
         """The environment's cgroup and every cgroup below it, deepest first."""

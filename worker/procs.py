@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import selectors
+import shutil
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -15,7 +16,6 @@ from typing import Any
 from worker.quota import Cgroup
 
 REAP_WAIT_S = 5.0
-SPAWN_POLL_S = 0.05
 EXIT_ABANDONED = 125  # a child whose runner vanished before the marker exits with this
 
 
@@ -75,51 +75,70 @@ def run_owned(
         return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
 
 
+# The launcher's last step before its exec: a small shell (its exec is cheap, whatever the size
+# of the harness process that forked it) joins the cgroup, says so, waits for the marker, execs.
+# bash, not dash: it can close a descriptor numbered above 9 ({var}>&-), so the launcher
+# inherits neither pipe.
+SHIM = (
+    'joined=$1 go=$2; shift 2; '
+    'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; '
+    'printf j >&"$joined" && read -r word <&"$go" && [ "$word" = g ] || exit 125; '
+    'exec {joined}>&- {go}<&- && exec "$@"'
+)
+SHELL = "/bin/bash"
+JOIN_WAIT_S = 30.0  # the shim's start and cgroup join (an RCU grace period: tens of ms)
+
+
 def spawn_marked(
     argv: Sequence[str], cgroup: Cgroup | None = None, **popen: Any
 ) -> tuple[subprocess.Popen[Any], int]:
     """Spawn ``argv`` in ``cgroup`` and return it with the marker (``time.monotonic_ns()``).
 
-    The child forks and joins the cgroup first, then waits; the marker is taken right before
-    it is released to exec the launcher. So the cgroup migration (which can cost tens of
-    milliseconds when the kernel must wait for an RCU grace period) never lands in Ready.
-    ``Popen`` waits for the exec, so a helper thread takes the marker and releases the child;
-    the caller's thread stays the child's parent (``PR_SET_PDEATHSIG``, as bwrap's
-    ``--die-with-parent`` uses, fires when the parent *thread* exits).
+    The child execs a small shell first (``SHIM``), which joins the cgroup, says so and waits;
+    the marker is taken right before it is released to exec the launcher. So neither the
+    cgroup migration (tens of milliseconds when the kernel waits for an RCU grace period) nor
+    the teardown of a forked copy of this (large) process lands in Ready: what follows the
+    marker is a small shell's ``read`` and ``exec``, the same in every transport. The caller's
+    thread stays the child's parent (``PR_SET_PDEATHSIG``, as bwrap's ``--die-with-parent``
+    uses, fires when the parent *thread* exits).
     """
-    join_fds = cgroup.join_fds() if cgroup is not None else []
+    launcher = _resolve(argv[0], popen.get("env"))
     joined_r, joined_w = os.pipe()
     go_r, go_w = os.pipe()
-
-    def _join_and_wait() -> None:
-        for fd in join_fds:
-            os.write(fd, b"0")
-        os.write(joined_w, b"j")
-        if os.read(go_r, 1) != b"g":  # the runner went away: never exec unsupervised
-            os._exit(EXIT_ABANDONED)
-
-    marker: list[int] = []
-    spawned = threading.Event()
-    releaser = threading.Thread(target=_release, args=(joined_r, go_w, marker, spawned))
-    releaser.start()
+    procs_files = [str(path) for path in cgroup.join_paths()] if cgroup is not None else []
+    shim = [SHELL, "-c", SHIM, "shim", str(joined_w), str(go_r), *procs_files, "--",
+            launcher, *argv[1:]]  # fmt: skip
     try:
         proc = subprocess.Popen(
-            list(argv), preexec_fn=_join_and_wait, start_new_session=True, **popen
+            shim, start_new_session=True, pass_fds=(joined_w, go_r), **popen
         )
+        os.close(joined_w)
+        os.close(go_r)
+        joined_w = go_r = -1
+        _wait_joined(joined_r, proc)
+        marker = time.monotonic_ns()
+        os.write(go_w, b"g\n")
     finally:
-        spawned.set()
-        releaser.join()
-        for fd in (*join_fds, joined_r, joined_w, go_r, go_w):
-            os.close(fd)
-    return proc, marker[0]
+        for fd in (joined_r, joined_w, go_r, go_w):
+            if fd >= 0:
+                os.close(fd)
+    return proc, marker
 
 
-def _release(joined_r: int, go_w: int, marker: list[int], spawned: threading.Event) -> None:
-    """Wait for the child's "joined", take the marker, let the child exec."""
+def _resolve(program: str, env: dict[str, str] | None) -> str:
+    """The launcher's path, or the ``FileNotFoundError`` ``Popen`` would have raised."""
+    search = (env or os.environ).get("PATH")
+    path = program if "/" in program else shutil.which(program, path=search)
+    if path is None or not os.access(path, os.X_OK) or os.path.isdir(path):
+        raise FileNotFoundError(errno.ENOENT, "No such executable file", program)
+    return path
+
+
+def _wait_joined(joined_r: int, proc: subprocess.Popen[Any]) -> None:
+    """Wait for the shim's "joined"; a shim that died or hung is the launcher's failure."""
     with selectors.DefaultSelector() as selector:
         selector.register(joined_r, selectors.EVENT_READ)
-        while not selector.select(SPAWN_POLL_S):
-            if spawned.is_set():  # Popen failed before the child could join
-                return
-    marker.append(time.monotonic_ns())
-    os.write(go_w, b"g")
+        ready = selector.select(JOIN_WAIT_S)
+    if not ready or os.read(joined_r, 1) != b"j":
+        kill_process(proc)
+        raise OSError(f"the launcher's shim did not join the cgroup (status {proc.returncode})")
