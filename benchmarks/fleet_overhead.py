@@ -102,7 +102,9 @@ def run(n: int, root: Path) -> tuple[list[dict[str, float]], list[dict[str, Any]
         timings = []
         for record in store.records(CAMPAIGN, "lab-a"):
             if record.env_index >= WARMUP:
-                timings.append({**record.fleet, "stored_at": float(stored[record.key()])})
+                stored_at = float(stored[record.key()])
+                ready = record.ready_ms
+                timings.append({**record.fleet, "stored_at": stored_at, "ready_ms": ready})
         spans = [json.loads(line) for line in trace.read_text().splitlines()]
         return timings, spans
     finally:
