@@ -15,7 +15,7 @@ from workloads.registry import WORKLOADS
 
 def test_each_line_loads_a_mode_of_its_own_name() -> None:
     """Every registry line names a class whose mode carries the line's name."""
-    assert len(BUILTIN_MODES) == len(REGISTRY) == 9
+    assert len(BUILTIN_MODES) == len(REGISTRY) == 10
     for info in REGISTRY:
         assert get_mode(info.name).name == info.name, info.target
 
@@ -78,9 +78,12 @@ def test_provenance_records_every_tool_the_registry_names(tmp_path: Path) -> Non
     facts = collect("lab-a", tmp_path, campaign="c-20261201-1a2b", seed=1, cohort="default",
                     quota={})  # fmt: skip
     assert set(facts["tools"]) == set(tool_commands())
-    named = {cmd.split()[0] for info in REGISTRY for cmd in info.tools}
-    assert named <= set(facts["tools"]) and {"python3", "git", "gcc", "make"} <= set(facts["tools"])
+    commands = tool_commands()  # a tool's name -> its version command (nsjail's is a path)
+    named = {name for name, argv in commands.items() if " ".join(argv) in
+             {cmd for info in REGISTRY for cmd in info.tools}}  # fmt: skip
+    assert "nsjail" in named and {"python3", "git", "gcc", "make"} <= set(facts["tools"])
     assert facts["tools"]["python3"].startswith("Python 3")
     for tool in named:
-        installed = shutil.which(tool) or Path("/usr/sbin", tool).exists()
+        exe = commands[tool][0]
+        installed = shutil.which(exe) or Path("/usr/sbin", exe).exists()
         assert (facts["tools"][tool] is not None) == bool(installed), tool

