@@ -6,7 +6,6 @@ import json
 import os
 import resource
 import shutil
-import stat
 import subprocess
 import sys
 import time
@@ -17,15 +16,24 @@ import psutil
 import pytest
 
 from tasks.paths import TOOLS_ENV
-from tasks.records import EnvironmentRecord, EnvironmentSpec, Quota
+from tasks.records import EnvironmentSpec, Quota
 from tests.conftest import REPO, require
 from tests.leftovers import NOTHING, hold, holding_python, leftovers
+from tests.nsjail_probe import (
+    ALLOCATING_PYTHON,
+    BURNER,
+    KILLED_RUNNER,
+    PROBE,
+    executable,
+    launch,
+    measure_burner,
+    run_in_subprocess,
+)
 from worker import quota as cgroups
 from worker.hostinfo import tool_version
 from worker.modes import get_mode, tool_commands
 from worker.modes.base import EnvContext, HostInfo
 from worker.modes.nsjail import LOG_FILE, NsjailMode, binary_path, pins
-from worker.procs import close_pipes
 from worker.runner import run_environment
 from workloads.catalog import DECLARED
 
@@ -33,68 +41,6 @@ pytestmark = pytest.mark.nsjail
 
 SCALE = 0.02
 MIB, GIB = 1 << 20, 1 << 30
-MEASURE_S = 4.0
-# Runs in the jail in place of the payload: ready, wait, then what the jail looks like inside.
-PROBE = r"""
-import json, os, resource, socket, sys
-root = sys.argv[sys.argv.index("--root") + 1]
-print(json.dumps({"op": "ready"}), flush=True)
-sys.stdin.readline()
-def attempt(path, text="x"):
-    try:
-        with open(path, "w") as f:
-            f.write(text)
-        return "ok"
-    except OSError as exc:
-        return exc.errno
-escapes = [p for p in ("/sys/fs/cgroup/cgroup.procs", "/sys/fs/cgroup/memory/cgroup.procs",
-                       "/sys/fs/cgroup/cpu/cgroup.procs", "/sys/fs/cgroup/pids/cgroup.procs")
-           if os.path.exists(p)]
-limits = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC")
-status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines())
-print(json.dumps({
-    "pid": os.getpid(), "hostname": socket.gethostname(),
-    "net": sorted(name for _, name in socket.if_nameindex()),
-    "cgroup": open("/proc/self/cgroup").read(),
-    "nice": os.getpriority(os.PRIO_PROCESS, 0), "cap_eff": status["CapEff"].strip(),
-    "rlimits": {n: list(resource.getrlimit(getattr(resource, n))) for n in limits},
-    "workspace": attempt(os.path.join(root, "inside.txt")),
-    "outside": {p: attempt(p) for p in ("/etc/sb-probe", "/tmp/sb-probe", "/var/tmp/sb-probe",
-                                          os.path.join(os.path.dirname(sys.argv[0]), "x"))},
-    "escapes": {p: attempt(p, str(os.getpid())) for p in escapes},
-    "dev_null": attempt("/dev/null"), "dev": sorted(os.listdir("/dev")),
-}), flush=True)
-"""
-# Runs in the jail in place of the payload: ready, then four threads that never stop.
-BURNER = r"""
-import hashlib, json, sys, threading
-print(json.dumps({"op": "ready"}), flush=True)
-def spin():
-    while True:
-        hashlib.sha256(bytes(1 << 20)).digest()
-for _ in range(4):
-    threading.Thread(target=spin, daemon=True).start()
-sys.stdin.readline()
-"""
-# A payload interpreter that first allocates 3 GiB (past the 2 GiB quota), then runs the payload.
-ALLOCATING_PYTHON = """#!/bin/sh
-case "$3" in --version) exec /usr/bin/python3 "$@";; esac
-/usr/bin/python3 -I -S -c 'b = bytearray(3 << 30)'
-exec /usr/bin/python3 "$@"
-"""
-RUN_ONE = """
-import sys
-from tasks.records import EnvironmentSpec
-from worker.runner import run_environment
-spec = EnvironmentSpec.model_validate_json(sys.argv[1])
-print(run_environment(spec).model_dump_json())
-"""
-KILLED_RUNNER = """
-import sys
-from tasks.records import EnvironmentSpec
-from worker.runner import run_environment
-run_environment(EnvironmentSpec.model_validate_json(sys.argv[1]))
-"""
 
 
 def require_nsjail() -> Path:
@@ -162,18 +108,6 @@ def probe_env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[EnvCon
         cgroup.remove()
 
 
-def launch(env: EnvContext) -> subprocess.Popen[bytes]:
-    """The mode's launcher, spawned into the environment's cgroup as the runner does."""
-    cgroup: cgroups.Cgroup = env.state["cgroup"]
-    proc = subprocess.Popen(
-        NsjailMode().launcher(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, preexec_fn=cgroup.preexec(), start_new_session=True,
-        cwd=env.env_dir,
-    )  # fmt: skip
-    cgroup.close_preexec()
-    return proc
-
-
 def outside_of(pid: int, cgroup_path: str) -> list[str]:
     """The lines of ``/proc/<pid>/cgroup`` for the quota's controllers that are not in the
     environment's cgroup ``cgroup_path`` (v1: cpu, cpuacct, cpuset, memory, pids; v2: one)."""
@@ -226,59 +160,21 @@ def test_cpu_burner_is_held_to_the_quota(probe_env: EnvContext) -> None:
     """Four busy threads in the jail get half a core (the cgroup's CPU time over wall time) on
     CPU 0 only: the quota binds nsjail's payload."""
     require_nsjail()
-    cgroup: cgroups.Cgroup = probe_env.state["cgroup"]
-    proc = launch(probe_env)
-    try:
-        assert proc.stdout is not None
-        assert json.loads(proc.stdout.readline()) == {"op": "ready"}
-        time.sleep(1.0)  # the threads start
-        payload = psutil.Process(proc.pid).children()[0]
-        wall0, cpu0, own0 = time.monotonic(), cgroup.cpu_seconds(), _cpu(payload)
-        time.sleep(MEASURE_S)
-        cpu, own = cgroup.cpu_seconds() - cpu0, _cpu(payload) - own0
-        rate = cpu / (time.monotonic() - wall0)
-        affinity = set(payload.cpu_affinity())
-    finally:
-        proc.kill()
-        cgroup.kill()
-        proc.wait(timeout=30)
-        close_pipes(proc)
-    print(f"nsjail CPU burner: {rate:.3f} cores under a 0.5-core quota ({own:.2f} s own CPU)")
+    burn = measure_burner(probe_env, probe_env.state["cgroup"])
+    print(f"nsjail CPU burner: {burn.rate:.3f} cores under a 0.5-core quota "
+          f"({burn.own_cpu_s:.2f} s of the payload's own CPU)")  # fmt: skip
     # At most 10% over the quota; below it only as far as this busy machine starves CPU 0, so
     # the floor is the payload's own CPU time: the cgroup accounts all of it.
-    assert 0.05 <= rate <= 1.10 * 0.5, rate
-    assert cpu >= 0.9 * own > 0, (cpu, own)
-    assert affinity == {0}
-
-
-def _cpu(proc: psutil.Process) -> float:
-    """User plus system CPU seconds of ``proc`` (all its threads)."""
-    times = proc.cpu_times()
-    return float(times.user + times.system)
-
-
-def run_in_subprocess(spec: EnvironmentSpec, env: dict[str, str]) -> EnvironmentRecord:
-    """The record of ``spec`` run by a fresh runner process with the environment ``env``."""
-    done = subprocess.run(
-        [sys.executable, "-c", RUN_ONE, spec.model_dump_json()], cwd=REPO,
-        env={**os.environ, **env}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return EnvironmentRecord.model_validate_json(done.stdout.strip().splitlines()[-1])
-
-
-def _executable(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` as an executable script."""
-    path.write_text(text)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return path
+    assert 0.05 <= burn.rate <= 1.10 * 0.5, burn
+    assert burn.cgroup_cpu_s >= 0.9 * burn.own_cpu_s > 0, burn
+    assert burn.affinity == {0}
 
 
 def test_3gib_allocation_is_oom(tmp_path: Path, work_root: Path) -> None:
     """A 3 GiB allocation in the jail under the default 2 GiB quota ends as resource/oom, seen
     by the environment's cgroup (nsjail made none of its own), and nothing is left."""
     require_nsjail()
-    python = _executable(tmp_path / "allocating-python", ALLOCATING_PYTHON)
+    python = executable(tmp_path / "allocating-python", ALLOCATING_PYTHON)
     spec = spec_for("publish", work_root, campaign="t-nsjoom")
     record = run_in_subprocess(spec, {"SANDBENCH_PYTHON": str(python)})
     assert (record.outcome, record.failure_class, record.reason) == ("failed", "resource", "oom")

@@ -1,4 +1,5 @@
-"""Inside the cgroup v2 lab host: the quota, OOM, the kill, both placements, host check, worker.
+"""Inside the cgroup v2 lab host: the quota, OOM, the kill, both placements, host check, worker,
+and the nsjail mode under the quota (a workload, a CPU burner, 3 GiB, the limit).
 
 Run by ``tests/test_v2host.py`` in one boot of ``ops/v2-host.sh`` (the default, delegated
 placement: this process starts in ``v2host.SERVICE`` as a ``Delegate=yes`` service would); it is
@@ -22,6 +23,7 @@ from tasks.records import EnvironmentRecord, EnvironmentSpec, Quota
 from tasks.signing import HostKey, default_key_path
 from worker import quota as cgroups
 from worker.cgroupsv2 import CgroupV2, is_delegated, own_cgroup
+from worker.modes.base import EnvContext
 from worker.runner import run_environment
 from worker.vm.v2host import SERVICE
 
@@ -91,9 +93,10 @@ def test_a_pure_v2_host_running_us_delegated() -> None:
     assert os.cpu_count() == 2
 
 
-@pytest.mark.parametrize("mode", ["native", "host", "staged"])
+@pytest.mark.parametrize("mode", ["native", "host", "staged", "nsjail"])
 def test_mode_passes_with_the_quota_read_back(mode: str, modes_root: Path) -> None:
-    """native, host and staged pass on v2; the record's limits are the quota read from the files."""
+    """native, host, staged and nsjail pass on v2; the record's limits are the quota read from the
+    files."""
     record = run(spec(mode, modes_root))
     assert record.outcome == "passed", (record.reason, record.detail)
     assert record.provenance["cgroup_version"] == 2
@@ -356,3 +359,67 @@ def test_quota_cpus_outside_the_services_cpuset_fail(broken_service: Path) -> No
     assert "may use CPUs 0 only" in lines["quota-cpus"]["detail"]
     assert not lines["quota-applies"]["ok"]  # cpuset.cpus.effective reads back 0, not 0-1
     assert lines["controllers"]["ok"] and lines["delegation"]["ok"]
+
+
+@pytest.fixture
+def nsjail_env(tmp_path: Path) -> Iterator[EnvContext]:
+    """An nsjail-mode environment whose payload is the CPU burner, on CPU 0 with half a core."""
+    from tests.nsjail_probe import BURNER
+
+    quota = Quota(cpus="0", cpu_quota=0.5)
+    payload = tmp_path / "payload" / "burner.py"
+    payload.parent.mkdir()
+    payload.write_text(BURNER)
+    for name in ("ws", "env"):
+        (tmp_path / name).mkdir()
+    nsjail_spec = spec("nsjail", tmp_path, quota=quota)
+    group = cgroups.create(cgroups.cgroup_name(nsjail_spec.key()), quota)
+    env = EnvContext(nsjail_spec, tmp_path / "ws", tmp_path / "env", group.path, payload=payload)
+    env.state["cgroup"] = group
+    try:
+        yield env
+    finally:
+        group.kill()
+        group.remove()
+
+
+def test_nsjail_cpu_burner_is_held_to_the_quota(nsjail_env: EnvContext) -> None:
+    """Four busy threads in an nsjail jail get the half-core quota on CPU 0 (cpu.stat usage over
+    wall time), and the cgroup accounts all the CPU the payload used."""
+    from tests.nsjail_probe import measure_burner
+
+    burn = measure_burner(nsjail_env, nsjail_env.state["cgroup"])
+    print(f"nsjail burner in the v2 host: {burn}")
+    assert 0.85 * 0.5 <= burn.rate <= 1.10 * 0.5, burn  # as test_cpu_quota_binds
+    assert burn.cgroup_cpu_s >= 0.9 * burn.own_cpu_s > 0, burn
+    assert burn.affinity == {0}
+
+
+def test_nsjail_3gib_allocation_is_oom(tmp_path: Path, modes_root: Path) -> None:
+    """A 3 GiB allocation in an nsjail jail under the 2 GiB quota ends as resource/oom from the
+    environment's cgroup's events, with memory.peak recorded."""
+    from tests.nsjail_probe import ALLOCATING_PYTHON, executable, run_in_subprocess
+
+    python = executable(tmp_path / "allocating-python", ALLOCATING_PYTHON)
+    record = run_in_subprocess(spec("nsjail", modes_root, env_index=2),
+                               {"SANDBENCH_PYTHON": str(python)})  # fmt: skip
+    assert (record.outcome, record.failure_class, record.reason) == ("failed", "resource", "oom")
+    peak = record.peak_memory_bytes
+    assert peak is not None and 1.9 * GIB < peak <= 2 * GIB
+    assert not cgroup_dir(record).exists()
+
+
+def test_nsjail_limit_kills_the_whole_jail(tmp_path: Path) -> None:
+    """At the limit cgroup.kill ends nsjail, the interpreter and its detached child in the jail;
+    no process, cgroup, mount or file of the environment is left."""
+    from tests.leftovers import NOTHING, hold, holding_python, leftovers
+    from tests.nsjail_probe import run_in_subprocess
+
+    work = tmp_path / "work"
+    work.mkdir()
+    hold(work, 1000)  # the interpreter waits: the limit comes before Ready
+    nsjail_spec = spec("nsjail", work, campaign="v2nsjail", limit_s=3.0)
+    record = run_in_subprocess(nsjail_spec, {"SANDBENCH_PYTHON": str(holding_python(tmp_path))})
+    assert (record.outcome, record.reason) == ("failed", "timeout"), record.detail
+    assert leftovers(work, "v2nsjail") == NOTHING
+    assert children(SERVICE_DIR / "envs") == set()

@@ -3,8 +3,9 @@
 The prepared guest kernel (``sandbench vm prepare``) boots with ``cgroup_no_v1=all`` and its
 own initramfs (``v2host_init.sh``): the host root read-only over 9p, a fresh sparse ext4
 scratch disk for /tmp, /var/tmp (the default work root) and /var/lib/sandbench (keys, the
-private dockerd's state), the repository and any other shared directory read-write at its host
-path, cgroup2 at /sys/fs/cgroup with cpu, cpuset, memory, pids and io, 2 vCPUs and 4 GiB.
+private dockerd's state), the repository, sandbench's own tools (``tasks.paths.tools_dir``, e.g.
+nsjail: hidden with /var/lib/sandbench otherwise) and any other shared directory read-write at
+its host path, cgroup2 at /sys/fs/cgroup with cpu, cpuset, memory, pids and io, 2 vCPUs and 4 GiB.
 The command runs in a cgroup delegated as systemd's ``Delegate=yes`` does it (or, with
 ``--placement root``, in the root cgroup, as a root shell outside any service); its stdout and
 stderr are this process's, and its exit status is this process's. ``ops/v2-host.sh`` is the
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.errors import SandbenchError
-from tasks.paths import DEFAULT_HOME
+from tasks.paths import DEFAULT_HOME, tools_dir
 from worker.procs import owned_process
 from worker.vm import accel, guest, qemu
 
@@ -247,7 +248,8 @@ def parse(args: list[str]) -> tuple[list[str], Settings]:
     parser.add_argument("command", nargs=argparse.REMAINDER)
     ns = parser.parse_args(args)
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-    shares = [REPO, *(p.resolve() for p in ns.share)]
+    tools = [tools_dir().resolve()] if tools_dir().is_dir() else []  # what ops/setup.sh installed
+    shares = [REPO, *tools, *(p.resolve() for p in ns.share)]
     settings = Settings(
         memory_mib=ns.memory_mib, accel=ns.accel, placement=ns.placement, shares=shares,
         timeout_s=ns.timeout, keep=ns.keep,
