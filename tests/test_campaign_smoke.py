@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from coordinator.plan import preset
+from coordinator.sentinel import points
 from coordinator.store import Store
+from worker.modes import BUILTIN_MODES
 
 SMOKE_TIMEOUT_S = 1500
 
@@ -35,8 +37,11 @@ def test_smoke_preset_completes_and_report_reproduces(tmp_path: Path) -> None:
     campaign = store.load_campaign(cid)
     _, plan = preset("smoke")
     cells = [s for s in campaign.specs if s.kind == "environment"]
-    assert len(cells) == len(plan.cells()) * plan.environments == 297
-    assert len(campaign.specs) - len(cells) == 2 * 9  # the sentinel: 9 points of two
+    guests = sum(info.boots_guest for info in BUILTIN_MODES.values())
+    planned = (19 * (len(BUILTIN_MODES) - guests) + guests) * 3
+    assert len(cells) == len(plan.cells()) * plan.environments == planned
+    sentinel = 2 * points(planned, plan.sentinel.every)  # points of two calibrations
+    assert len(campaign.specs) - len(cells) == sentinel
     records = store.records(cid)
     assert sorted(r.key() for r in records) == sorted(s.key() for s in campaign.specs)
     modes = store.provenance(cid, "lab-smoke")["modes"]

@@ -22,6 +22,7 @@ import pytest
 from coordinator.registry import HostRegistry
 from coordinator.store import Store
 from tasks.app import COORDINATOR_QUEUE, TASK_RUN, TASK_STORE, create_app, host_queue
+from tasks.records import SCHEMA_VERSION
 from tasks.signing import CoordinatorKey
 from tasks.spec_signing import signed_spec_data
 from tests.fleet_helpers import (
@@ -149,7 +150,8 @@ def _edit_line(cdir: Path, index: int, change: Callable[[bytes], bytes]) -> str:
     """Replace record line ``index`` by ``change(line)``; the environment key of that line."""
     lines = lines_of(cdir)
     key = key_of(lines[index])
-    lines[index] = change(lines[index])
+    before, lines[index] = lines[index], change(lines[index])
+    assert lines[index] != before, "the tampering changed nothing: the test would prove nothing"
     records_path(cdir).write_bytes(b"\n".join(lines) + b"\n")
     return key
 
@@ -240,8 +242,9 @@ def _duplicate_key(cdir: Path, other: Path) -> list[tuple[str, str | None]]:
 
 
 def _old_schema(cdir: Path, other: Path) -> list[tuple[str, str | None]]:
-    key = _edit_line(cdir, 0, lambda line: line.replace(b'"schema":4,', b'"schema":2,', 1))
-    return [("record(s) of an older schema than 4 (first: line 1)", key)]
+    now = f'"schema":{SCHEMA_VERSION},'.encode()
+    key = _edit_line(cdir, 0, lambda line: line.replace(now, b'"schema":2,', 1))
+    return [(f"record(s) of an older schema than {SCHEMA_VERSION} (first: line 1)", key)]
 
 
 def _mark_superseded(cdir: Path, other: Path) -> list[tuple[str, str | None]]:
