@@ -46,6 +46,7 @@ REGISTRY = (
              tools=("podman --version", "conmon --version", "crun --version", "runc --version"),
              reference=True),
     ModeInfo("nsjail", "worker.modes.nsjail:NsjailMode", tools=NSJAIL_TOOLS),
+    ModeInfo("gvisor", "worker.modes.gvisor:GvisorMode", tools=("runsc --version",)),
     ModeInfo("vm", "worker.modes.vm:VmMode", boots_guest=True, tools=QEMU_TOOLS, reference=True),
     ModeInfo("vm-writeback", "worker.modes.vm:VmWritebackMode", boots_guest=True, tools=QEMU_TOOLS,
              reference=True),
