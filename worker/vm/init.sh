@@ -48,9 +48,9 @@ OPTS9P="trans=virtio,version=9p2000.L,msize=512000"
 mount -t 9p -o "$OPTS9P,ro,cache=loose" hostroot /newroot || fail "mount hostroot"
 [ -r "/newroot$JOB" ] || fail "job file $JOB not visible in the guest"
 say "host root mounted"
-# Sets WS_PATH, WS_KIND (9p-mmap | 9p-loose | ext4 | none), PAYLOAD (a shell command line),
-# PAYLOAD_DIR (the payload's directory on the host) and GUEST_PAYLOAD_DIR (where the command
-# finds it), HOLD (1 = never start the payload) and PROBE (1 = only announce readiness).
+# Sets WS_PATH, WS_KIND (9p-mmap | 9p-loose | virtiofs | ext4 | none), PAYLOAD (a shell command
+# line), PAYLOAD_DIR (the payload's directory on the host) and GUEST_PAYLOAD_DIR (where the
+# command finds it), HOLD (1 = never start the payload) and PROBE (1 = only announce readiness).
 . "/newroot$JOB"
 
 mount -t proc proc /newroot/proc
@@ -69,6 +69,7 @@ if [ "$WS_KIND" != none ]; then
   case "$WS_KIND" in
     9p-mmap) mount -t 9p -o "$OPTS9P,cache=mmap" ws "/newroot$WS_PATH" ;;
     9p-loose) mount -t 9p -o "$OPTS9P,cache=loose" ws "/newroot$WS_PATH" ;;
+    virtiofs) mount -t virtiofs ws "/newroot$WS_PATH" ;;
     ext4) mount -t ext4 -o noinit_itable /dev/vda "/newroot$WS_PATH" ;;
     *) false ;;
   esac || fail "mount workspace ($WS_KIND) at $WS_PATH"

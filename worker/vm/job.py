@@ -9,7 +9,9 @@ from typing import Literal
 
 # 9p-mmap: reads and writes go straight to the host (no page cache); only shared mappings are
 # cached, because 9p without any cache refuses writable shared mmap (mmap-write would fail).
-WorkspaceKind = Literal["9p-mmap", "9p-loose", "ext4", "none"]
+# virtiofs: the "ws" tag of a vhost-user-fs device, served by virtiofsd on the host (its cache
+# mode is the daemon's option, not the mount's).
+WorkspaceKind = Literal["9p-mmap", "9p-loose", "virtiofs", "ext4", "none"]
 
 # The payload's environment in the guest: the same tool paths as the host, nothing inherited.
 GUEST_ENV = {

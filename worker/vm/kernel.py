@@ -20,9 +20,11 @@ GUEST_MODULES = (
     "virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci",
     "virtio_mmio", "virtio_console", "virtio_blk",
     "netfs", "fscache", "9pnet", "9pnet_virtio", "9p",
+    "fuse", "virtiofs",
     "crc32c_generic", "crc16", "mbcache", "jbd2", "ext4",
 )  # fmt: skip
 NINEP_MODULES = ("9pnet_virtio", "9p")
+VIRTIOFS_MODULES = ("fuse", "virtiofs")  # the vm-virtiofs mode's workspace
 # The cgroup v2 lab host (``worker.vm.v2host``) also runs the staged mode and docker's overlay2.
 V2HOST_MODULES = ("overlay",)
 
