@@ -9,6 +9,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from worker.vm import virtiofs
+
 QEMU = "qemu-system-x86_64"
 PAYLOAD_PORT = "sandbench"
 CTL_PORT = "sandbench-ctl"
@@ -17,13 +19,11 @@ KERNEL_ARGS = "console=ttyS0 quiet panic=-1 reboot=t tsc=reliable no_timer_check
 
 CONSOLE_TAIL_MARK = "sandbench-vm: guest console tail:"  # the wrapper's line before the tail
 CONSOLE_TAIL_LINES = 12
+RUN_QEMU = '"$@"\ns=$?\n'  # the exit wrapper's QEMU: its argv is the wrapper's
 # QEMU's exit status is 2*v+1 for a value v the guest writes to isa-debug-exit; the init writes
 # v = payload status + 1 (1..62), so this wrapper turns QEMU's status back into the payload's.
 # 0 means the guest stopped without reporting (crash, panic): that must not look like success.
-EXIT_WRAPPER = rf"""
-console=$1; shift
-"$@"
-s=$?
+EXIT_STATUS = rf"""
 if [ "$s" -ge 3 ] && [ "$s" -le 125 ] && [ $((s % 2)) -eq 1 ]; then s=$(((s - 3) / 2));
 elif [ "$s" -eq 0 ]; then echo "sandbench-vm: guest stopped without a status" >&2; s=125; fi
 if [ "$s" -ne 0 ]; then
@@ -31,6 +31,8 @@ if [ "$s" -ne 0 ]; then
 fi
 exit "$s"
 """
+WRAPPER_ARGS = "\nconsole=$1; shift\n"
+EXIT_WRAPPER = f"{WRAPPER_ARGS}{RUN_QEMU}{EXIT_STATUS}"
 GUEST_STOPPED_STATUS = 125
 CONSOLE_TAIL_BYTES = 800
 
@@ -74,6 +76,11 @@ def has_device(name: str) -> bool:
     return re.search(rf'name "{re.escape(name)}"', _query("-device", "help")) is not None
 
 
+def has_object(name: str) -> bool:
+    """Whether QEMU knows object type ``name`` (e.g. a memory backend)."""
+    return re.search(rf"^\s*{re.escape(name)}$", _query("-object", "help"), re.M) is not None
+
+
 def has_machine(name: str) -> bool:
     """Whether QEMU knows machine type ``name``."""
     return re.search(rf"^{re.escape(name)}\s", _query("-machine", "help"), re.M) is not None
@@ -93,6 +100,10 @@ class GuestConfig:
     vcpus: int = 2
     memory_mib: int = 512
     workspace_9p: Path | None = None  # exported read-write as mount tag "ws"
+    # The workspace over virtio-fs instead: virtiofsd's command line (the launcher starts it)
+    # and its vhost-user socket, relative to the launcher's directory (the environment's).
+    virtiofsd: list[str] | None = None
+    virtiofs_socket: str = ""
     disk_image: Path | None = None  # raw ext4 image attached as the first virtio disk
     ctl_pipe: Path | None = None  # fifo pair base name (<path>.in/.out) for the sync agent
     pidfile: Path | None = None  # QEMU writes its pid here (the reaper finds a stray VM by it)
@@ -134,12 +145,25 @@ def _fs_args(config: GuestConfig) -> list[str]:
             "-fsdev", f"local,id=ws,path={config.workspace_9p},security_model=none",
             "-device", f"{nine_p},fsdev=ws,mount_tag=ws",
         ]  # fmt: skip
+    if config.virtiofsd is not None:
+        args += _virtiofs_args(config)
     if config.disk_image is not None:
         args += [
             "-drive", f"file={config.disk_image},format=raw,if=none,id=disk,cache=writeback",
             "-device", f"{_dev(config, 'virtio-blk')},drive=disk",
         ]  # fmt: skip
     return args
+
+
+def _virtiofs_args(config: GuestConfig) -> list[str]:
+    """The workspace as virtio-fs tag "ws": virtiofsd maps the guest's memory, so all of it is
+    one shared memfd (the size of ``-m``) as the guest's only NUMA node."""
+    return [
+        "-object", f"memory-backend-memfd,id=mem,size={config.memory_mib}M,share=on",
+        "-numa", "node,memdev=mem",
+        "-chardev", f"socket,id=vfs,path={config.virtiofs_socket}",
+        "-device", f"{_dev(config, 'vhost-user-fs')},chardev=vfs,tag=ws",
+    ]  # fmt: skip
 
 
 def _port_args(config: GuestConfig) -> list[str]:
@@ -195,12 +219,12 @@ def qemu_argv(config: GuestConfig) -> list[str]:
 
 
 def launcher_argv(config: GuestConfig) -> list[str]:
-    """QEMU under the exit wrapper: the launcher exits with the payload's status."""
-    return [
-        "/bin/sh",
-        "-c",
-        EXIT_WRAPPER,
-        "sandbench-vm",
-        str(config.console_log),
-        *qemu_argv(config),
-    ]
+    """QEMU under the exit wrapper: the launcher exits with the payload's status.
+
+    With a virtio-fs workspace the wrapper starts virtiofsd before QEMU and waits for it after.
+    """
+    wrapper = EXIT_WRAPPER
+    if config.virtiofsd is not None:
+        start = virtiofs.start_step(config.virtiofsd, config.virtiofs_socket)
+        wrapper = f"{WRAPPER_ARGS}{start}{RUN_QEMU}{virtiofs.STOP_STEP}{EXIT_STATUS}"
+    return ["/bin/sh", "-c", wrapper, "sandbench-vm", str(config.console_log), *qemu_argv(config)]
