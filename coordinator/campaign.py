@@ -49,7 +49,7 @@ def expand(
         slots = [(entry, w, i) for entry, w in cells for i in range(plan.environments)]
         host_rng(plan.seed, host).shuffle(slots)
         shared = {"campaign": campaign_id, "cohort": plan.cohort, "host": host, "quota": quota,
-                  "vm": plan.vm, "work_root": work_root}  # fmt: skip
+                  "vm": plan.vm.size(), "work_root": work_root}  # fmt: skip
         for order, slot in enumerate(sentinel.layout(len(slots), plan.sentinel.every)):
             if isinstance(slot, tuple):
                 specs.append(sentinel.spec(shared, *slot, order, plan.limit_s))

@@ -11,7 +11,7 @@ Example::
     scale = 1.0
     workloads = ["all"]         # names, groups (mechanism, resource, workflow) or "all"
     modes = ["native", "staged", { name = "vm", workloads = ["workflow"] },
-             { name = "gvisor", template = ["runsc", "do", "{payload_argv}"] }]
+             { name = "runsc-do", template = ["runsc", "do", "{payload_argv}"] }]
     notes = ["why this plan looks the way it does"]
     sentinel = true             # calibration points every 40 environments; false: none
     [quota]
@@ -23,13 +23,17 @@ Example::
     vcpus = 2
     memory_mib = 512
 
+Values have their exact TOML type (``environments = true`` or ``scale = "0.02"`` is refused)
+and bounds; a command mode (a mode table with ``template``) has a name of its own, neither a
+built-in mode's nor another mode's of the plan; a built-in mode takes only the ``options`` it
+declares (``Mode.option_names``) and no command-mode key.
+
 The machine-state sentinel (``coordinator.sentinel``) is on unless ``sentinel = false``; a
 ``[sentinel]`` table with ``every = K`` sets how many environments run between its points.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -44,14 +48,17 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from coordinator.planmodes import ModeEntry, check_modes, near
 from coordinator.sentinel import SentinelPlan
 from tasks.errors import PlanError
 from tasks.names import Name
 from tasks.records import Quota, VmSize
+from worker.cgroup import CFS_PERIOD_US
 from workloads.kit import MAX_ROUNDS
 
 ALL = "all"
@@ -62,6 +69,15 @@ SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 CPU_LIST_RE = re.compile(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\Z")
 MAX_CPU = 8191  # the kernel's largest CPU number (NR_CPUS is at most 8192)
 MAX_BYTES = 1 << 50  # 1 PiB: a memory or swap size beyond any lab host, surely a typo
+MIN_MEMORY = 64 * 1024**2  # an environment's least memory: the payload's interpreter and tools
+# The least CFS quota per period the kernel takes (cgroup v1 and v2 alike; worker.cgroupsv1 and
+# worker.cgroupsv2 raise a smaller one to it): a smaller cpu_quota would not be what runs.
+MIN_QUOTA_US = 1000
+MIN_CPU_QUOTA = MIN_QUOTA_US / CFS_PERIOD_US  # 0.01 core
+MAX_SEED = 2**63 - 1  # TOML's largest integer
+MAX_VCPUS = 255  # QEMU's x86 limit without interrupt remapping
+MIN_VM_MEMORY_MIB = 128  # the guest's kernel, initramfs and the payload's interpreter
+MAX_VM_MEMORY_MIB = 1 << 20  # 1 TiB: beyond any lab host, surely a typo
 MAX_LIMIT_S = 24 * 3600  # an environment's limit; a day is surely a typo
 MAX_ENVIRONMENTS = 1000  # per cell: N >= 30 already gives P95
 # Environments per host: campaign.json, the queue and the store stay in the tens of megabytes.
@@ -70,12 +86,19 @@ MAX_PLANNED = 50_000
 # VM modes, tens of seconds under TCG) get only these workloads; the full preset keeps them all.
 SMOKE_VM_WORKLOADS = ("publish",)
 SMOKE_SCALE = 0.02
+SIZE_FIX = 'write a whole number of bytes or a string such as "2GiB", "512MiB" or "0"'
+TOML_KINDS: dict[type, str] = {dict: "a table", list: "a list"}
 
 
-def parse_size(value: int | str) -> int:
-    """Bytes from an int or a string like ``"2GiB"``, ``"512M"``, ``"0"``."""
+def parse_size(value: object) -> int:
+    """Bytes from an int or a string like ``"2GiB"``, ``"512M"``, ``"0"``; ValueError otherwise."""
+    if isinstance(value, bool | float):
+        raise ValueError(f"not a size; {SIZE_FIX}")  # the message shows the value itself
     if isinstance(value, int):
         return value
+    if not isinstance(value, str):
+        kind = TOML_KINDS.get(type(value), f"a {type(value).__name__}")  # or a date, a time
+        raise ValueError(f"{kind} is not a size; {SIZE_FIX}")
     m = SIZE_RE.match(value)
     if not m or m.group(2).upper() not in SIZE_UNITS:
         raise ValueError(f'\'{value}\' is not a size; write e.g. "2GiB", "512MiB" or "0"')
@@ -99,19 +122,24 @@ def parse_cpus(text: str) -> list[int]:
 class QuotaPlan(BaseModel):
     """The ``[quota]`` table: applied to every environment's whole process tree."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     cpus: str = "0,1"
-    cpu_quota: float = Field(2.0, gt=0, allow_inf_nan=False)
+    cpu_quota: float = Field(2.0, gt=0, allow_inf_nan=False)  # cores; bounds: _quota_fits_cpus
     memory: int = Field(2 * 1024**3, gt=0)  # bytes; "2GiB" and the like are accepted
     swap: int = Field(0, ge=0)
 
     @field_validator("memory", "swap", mode="before")
     @classmethod
-    def _size(cls, value: int | str) -> int:
+    def _size(cls, value: object, info: ValidationInfo) -> int:
         size = parse_size(value)
         if size > MAX_BYTES:
             raise ValueError(f'{value!r} is more than 1 PiB, surely a typo; write e.g. "2GiB"')
+        if info.field_name == "memory" and size < MIN_MEMORY:
+            raise ValueError(
+                f"{size} B is below {MIN_MEMORY >> 20} MiB, the least memory an environment "
+                'gets; write e.g. "2GiB"'
+            )
         return size
 
     @field_validator("cpus")
@@ -123,6 +151,13 @@ class QuotaPlan(BaseModel):
     @model_validator(mode="after")
     def _quota_fits_cpus(self) -> QuotaPlan:
         count = len(parse_cpus(self.cpus))
+        if self.cpu_quota < MIN_CPU_QUOTA:
+            raise ValueError(
+                f"cpu_quota {self.cpu_quota:g} is below {MIN_CPU_QUOTA:g} core, the least the "
+                f"cgroup enforces ({MIN_QUOTA_US} us per {CFS_PERIOD_US} us period: a smaller "
+                f"quota is raised to it); give {MIN_CPU_QUOTA:g} to {count} for cpus "
+                f"{json.dumps(self.cpus)}"
+            )
         if self.cpu_quota > count:
             raise ValueError(
                 f"cpu_quota {self.cpu_quota:g} exceeds the {count} CPU{'s' * (count != 1)} of cpus "
@@ -138,42 +173,27 @@ class QuotaPlan(BaseModel):
         )  # fmt: skip
 
 
-class ModeEntry(BaseModel):
-    """One mode of the plan: a built-in name, or a command-template mode."""
+class VmPlan(BaseModel):
+    """The ``[vm]`` table: the guest of every VM mode."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: Name  # becomes part of file and cgroup names
-    template: list[str] | str | None = None  # command mode: argv (or shell string), placeholders
-    staged: bool = False  # command mode only: works on a copy
-    root: str | None = None  # command mode: the workspace path as the payload sees it
-    result_root: str | None = None  # command mode: where the oracle looks
-    prepare: list[str] | str | None = None  # command mode helpers, each must exit 0
-    sync: list[str] | str | None = None
-    collect: list[str] | str | None = None  # command mode: after the launcher, before the oracle
-    cleanup: list[str] | str | None = None
-    workloads: list[str] | None = None  # subset for this mode (names or groups); None = plan's
-    options: dict[str, Any] = Field(default_factory=dict)
+    vcpus: int = Field(2, ge=1, le=MAX_VCPUS)
+    memory_mib: int = Field(512, ge=MIN_VM_MEMORY_MIB, le=MAX_VM_MEMORY_MIB)
 
-    def mode_options(self) -> dict[str, Any]:
-        """What the runner's ``get_mode(name, options)`` receives."""
-        opts = dict(self.options)
-        if self.template is not None:
-            opts.update(template=self.template, staged=self.staged)
-            for name in ("root", "result_root", "prepare", "sync", "collect", "cleanup"):
-                if getattr(self, name) is not None:
-                    opts[name] = getattr(self, name)
-        return opts
+    def size(self) -> VmSize:
+        """The guest's size as the VM modes take it."""
+        return VmSize(vcpus=self.vcpus, memory_mib=self.memory_mib)
 
 
 class Plan(BaseModel):
     """A validated plan."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = "campaign"
     cohort: Name = "default"  # becomes part of report file names
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     environments: int = Field(3, ge=1, le=MAX_ENVIRONMENTS)
     rounds: int = Field(3, ge=1, le=MAX_ROUNDS)  # fixtures prepare state for MAX_ROUNDS
     limit_s: float = Field(90.0, gt=0, le=MAX_LIMIT_S, allow_inf_nan=False)
@@ -181,7 +201,7 @@ class Plan(BaseModel):
     workloads: list[str] = Field(default_factory=lambda: [ALL], min_length=1)
     modes: list[str | ModeEntry] = Field(min_length=1)
     quota: QuotaPlan = Field(default_factory=lambda: QuotaPlan.model_validate({}))
-    vm: VmSize = Field(default_factory=lambda: VmSize.model_validate({}))
+    vm: VmPlan = Field(default_factory=lambda: VmPlan.model_validate({}))
     notes: list[str] = Field(default_factory=list)
     sentinel: SentinelPlan = Field(default_factory=lambda: SentinelPlan.model_validate({}))
 
@@ -220,41 +240,20 @@ def resolve_workloads(names: list[str]) -> list[str]:
     return [w for w in groups if w in wanted]
 
 
-def _near(name: str, choices: list[str]) -> str:
-    near = difflib.get_close_matches(name, choices, n=1)
-    return f"; did you mean '{near[0]}'?" if near else ""
-
-
 def _check_names(plan: Plan, source: str) -> None:
     """Every workload and mode named by ``plan`` exists (or is a command mode)."""
-    from worker.modes import BUILTIN_MODES
-
     groups, group_names = _workload_registry()
     choices = [*groups, *group_names, ALL]
 
     def check_workloads(names: list[str], where: str) -> None:
         for i, n in enumerate(names):
             if n not in choices:
-                raise PlanError(
-                    f"{source}: {where}[{i}] '{n}' is not a workload{_near(n, choices)}"
-                )
+                raise PlanError(f"{source}: {where}[{i}] '{n}' is not a workload{near(n, choices)}")
 
     check_workloads(plan.workloads, "workloads")
-    seen: set[str] = set()
-    for i, entry in enumerate(plan.mode_entries()):
-        if entry.name in seen:
-            raise PlanError(
-                f"{source}: modes[{i}] '{entry.name}' appears twice; name modes uniquely"
-            )
-        seen.add(entry.name)
-        if entry.template is None and entry.name not in BUILTIN_MODES:
-            hint = _near(entry.name, list(BUILTIN_MODES))
-            raise PlanError(
-                f"{source}: modes[{i}] '{entry.name}' is not a mode{hint}"
-                " (or give it a template to make it a command mode)"
-            )
-        if entry.template is not None:
-            _check_templates(entry, f"{source}: modes[{i}] '{entry.name}'")
+    entries = plan.mode_entries()
+    check_modes(entries, source)
+    for i, entry in enumerate(entries):
         if entry.workloads is not None:
             check_workloads(entry.workloads, f"modes[{i}].workloads")
             if not entry.workloads:
@@ -273,16 +272,6 @@ def _check_size(plan: Plan, source: str) -> None:
             f"{plan.environments} environments); at most {MAX_PLANNED:,}: lower environments "
             "or plan fewer workloads or modes"
         )
-
-
-def _check_templates(entry: ModeEntry, where: str) -> None:
-    """A command mode's templates are well formed: PlanError naming the first that is not."""
-    from worker.modes.command import options_problems
-
-    problems = options_problems(entry.mode_options())
-    if problems:
-        field, problem = problems[0]
-        raise PlanError(f"{where}: {field} {problem}")
 
 
 def _location(loc: tuple[int | str, ...]) -> str:
@@ -305,7 +294,29 @@ def _given(value: object, message: str) -> str:
         shown = json.dumps(value)
     else:
         return ""
-    return "" if str(value) in message else f" = {shown}"
+    if isinstance(value, str):
+        said = repr(value) in message or f"'{value}'" in message
+    else:
+        said = message.startswith(f"{value} ")
+    return "" if said else f" = {shown}"
+
+
+def _type_fix(err: Any) -> str:
+    """What to write instead of a value of the wrong TOML type (a quoted number, a boolean)."""
+    value, kind = err.get("input"), err["type"]
+    if kind not in ("int_type", "float_type"):
+        return ""
+    if isinstance(value, bool):
+        return "; write a number, not true or false"
+    if isinstance(value, str):
+        try:
+            number = int(value) if kind == "int_type" else float(value)
+        except ValueError:
+            return ""
+        return f"; write it without quotes: {value.strip()}" if math.isfinite(number) else ""
+    if isinstance(value, float):
+        return "; write a whole number"
+    return ""
 
 
 def _reportable(exc: ValidationError) -> list[Any]:
@@ -331,6 +342,7 @@ def parse_plan(text: str, source: str = "plan.toml") -> Plan:
         msg = err["msg"].removeprefix("Value error, ")
         extra = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         where = f"{_location(err['loc'])}{_given(err.get('input'), msg)}"
+        msg += _type_fix(err)
         raise PlanError(f"{source}: {where}: {msg}{extra}") from exc
     _check_names(plan, source)
     _check_size(plan, source)
@@ -390,7 +402,7 @@ def preset_text(name: str) -> str:
 
     if name not in PRESETS:
         raise PlanError(
-            f"'{name}' is not a preset{_near(name, list(PRESETS))} (presets: {', '.join(PRESETS)})"
+            f"'{name}' is not a preset{near(name, list(PRESETS))} (presets: {', '.join(PRESETS)})"
         )
     if name in ("full", "reference"):
         chosen = [m for m, info in BUILTIN_MODES.items() if name == "full" or info.reference]

@@ -55,7 +55,7 @@ MASK_FRACTION = 0.5
 class SentinelPlan(BaseModel):
     """The plan's ``[sentinel]`` table; ``sentinel = false`` is ``every = 0`` (off)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     every: int = Field(DEFAULT_EVERY, ge=0, le=MAX_EVERY)  # K; 0 turns the sentinel off
 

@@ -196,3 +196,19 @@ def test_run_refuses_cpus_this_host_lacks() -> None:
     here = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
     check_runs_here(parse_plan(f'modes = ["native"]\n[quota]\ncpus = "{here}"\ncpu_quota = 1'), "")
     assert format_cpus([8, 0, 1, 2, 5, 7]) == "0-2,5,7-8"
+
+
+def test_values_at_the_bounds_and_declared_options_pass() -> None:
+    """The least quota, memory and guest pass; a built-in mode takes the options it declares."""
+    plan = parse_plan(
+        'modes = [{ name = "vm", options = { accel = "tcg", guest_hold = false } }, '
+        '{ name = "gvisor", options = { platform = "systrap" } }, '
+        '{ name = "runsc-do", template = ["runsc", "do", "{payload_argv}"], staged = false }]\n'
+        "limit_s = 90\nseed = 0\n"
+        '[quota]\ncpu_quota = 0.01\nmemory = "64MiB"\nswap = 0\n[vm]\nvcpus = 1\nmemory_mib = 128'
+    )
+    assert plan.quota.cpu_quota == 0.01 and plan.quota.memory == 64 * 1024**2
+    assert plan.limit_s == 90.0 and isinstance(plan.limit_s, float)
+    assert plan.vm.size().memory_mib == 128
+    assert [m.mode_options() for m in plan.mode_entries()][:2] == [
+        {"accel": "tcg", "guest_hold": False}, {"platform": "systrap"}]  # fmt: skip

@@ -26,6 +26,55 @@ BAD_PLANS: dict[str, tuple[bytes, str]] = {
     "escaping-cohort": (b'modes = ["native"]\ncohort = "x/../../../ESCAPED"\n', "usable name"),
     "unknown-mode": (b'modes = ["dokcer"]\n', "did you mean 'docker'?"),
     "unknown-workload": (b'modes = ["native"]\nworkloads = ["seqwrite"]\n', "'seq-write'?"),
+    # Issue 22: names unique and honest.
+    "command-mode-named-native": (
+        b'modes = [{ name = "native", template = ["/bin/true", "{payload_argv}"] }]\n',
+        "under the name of the built-in mode 'native' (its records would pass for that mode's); "
+        "rename it: did you mean 'true'?",
+    ),
+    "command-mode-twice": (
+        b'modes = [{ name = "rt", template = ["/bin/true", "{payload_argv}"] },\n'
+        b'         { name = "rt", template = ["/bin/env", "{payload_argv}"] }]\n',
+        "modes[1] 'rt' appears twice (first as modes[0]); rename it: did you mean 'env'?",
+    ),
+    # Issue 22: strict values, with bounds.
+    "boolean-environments": (
+        b'modes = ["native"]\nenvironments = true\n',
+        "environments = true: Input should be a valid integer; write a number, not true or false",
+    ),
+    "quoted-scale": (
+        b'modes = ["native"]\nscale = "0.02"\n',
+        'scale = "0.02": Input should be a valid number; write it without quotes: 0.02',
+    ),
+    "quoted-limit": (b'modes = ["native"]\nlimit_s = "90"\n', "write it without quotes: 90"),
+    "negative-seed": (b'modes = ["native"]\nseed = -1\n', "seed = -1: Input should be greater"),
+    "options-on-native": (
+        b'modes = [{ name = "native", options = { accel = "kvm" } }]\n',
+        "modes[0] 'native': options.accel is not an option of this mode (it takes none)",
+    ),
+    "vm-option-typo": (
+        b'modes = [{ name = "vm", options = { acel = "tcg" } }]\n',
+        "options.acel is not an option of this mode; did you mean 'accel'? (it takes accel,",
+    ),
+    "staged-on-native": (
+        b'modes = [{ name = "native", staged = true }]\n',
+        "modes[0] 'native': staged is a command mode's key, and a built-in mode takes none",
+    ),
+    "clamped-cpu-quota": (
+        b'modes = ["native"]\n[quota]\ncpu_quota = 1e-9\n',
+        "quota: cpu_quota 1e-09 is below 0.01 core, the least the cgroup enforces (1000 us per "
+        '100000 us period: a smaller quota is raised to it); give 0.01 to 2 for cpus "0,1"',
+    ),
+    "float-memory": (b'modes = ["native"]\n[quota]\nmemory = 2.5\n', "memory = 2.5: not a size"),
+    "list-memory": (b'modes = ["native"]\n[quota]\nmemory = [2]\n', "a list is not a size"),
+    "table-swap": (b'modes = ["native"]\n[quota]\nswap = { a = 1 }\n', "a table is not a size"),
+    "one-byte-memory": (
+        b'modes = ["native"]\n[quota]\nmemory = 1\n',
+        "quota.memory: 1 B is below 64 MiB, the least memory an environment gets",
+    ),
+    "boolean-memory": (b'modes = ["native"]\n[quota]\nmemory = true\n', "memory = true: not a"),
+    "huge-vcpus": (b'modes = ["native"]\n[vm]\nvcpus = 100000\n', "vm.vcpus = 100000: Input"),
+    "tiny-guest": (b'modes = ["native"]\n[vm]\nmemory_mib = 1\n', "vm.memory_mib = 1: Input"),
 }
 
 

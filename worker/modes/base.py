@@ -91,6 +91,9 @@ class Mode(abc.ABC):
     # the work ran elsewhere. A guest's clock is its own (a vCPU the host throttles still
     # counts its time), so the VM modes ask less.
     reported_cpu_floor: float = 0.9
+    # The names of the plan options (a mode table's ``options``) it takes; a plan giving any
+    # other is refused (``coordinator.planmodes``).
+    option_names: frozenset[str] = frozenset()
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> Self:

@@ -102,6 +102,7 @@ class GvisorMode(Mode):
     """``gvisor``: runsc on a bundle of the host's root, the workspace bound read-write."""
 
     name = "gvisor"
+    option_names = frozenset(OPTIONS)
 
     def __init__(
         self,
