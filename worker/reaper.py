@@ -9,9 +9,10 @@ item logged):
 2. processes named by a pid file in an environment's directory (QEMU's ``qemu.pid``, conmon's),
    killed only if their command line names that very pid file;
 3. the environments' cgroups in every mounted hierarchy (v1 and v2), their processes first,
-   deepest cgroup first;
-4. mounts below ``envs/`` (from ``/proc/self/mountinfo``), deepest first;
-5. the environments' directories (workspaces, stages, images) and their ledger entries.
+   deepest cgroup first (virtiofsd, which vm-virtiofs starts inside, goes with them);
+4. virtiofsd's lock file of an environment's socket in ``/run/virtiofsd``, which outlives it;
+5. mounts below ``envs/`` (from ``/proc/self/mountinfo``), deepest first;
+6. the environments' directories (workspaces, stages, images) and their ledger entries.
 
 Ownership comes from the work root alone: an environment is this work root's if the ledger
 (``worker.ledger``) names it or ``envs/<name>`` exists; cgroup names are the environments'
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 from tasks.errors import SandbenchError
 from worker import ledger
 from worker.cgroup import PARENT_NAME, Cgroup, cgroup_mounts, detect
+from worker.vm import virtiofs
 from worker.workroot import remove_tree
 
 log = logging.getLogger("sandbench.reaper")
@@ -144,6 +146,7 @@ def reap_environment(
     kill_pidfiles(base, result)
     for cgroup in environment_cgroups(name, entry):
         reap_cgroup(cgroup, result)
+    remove_virtiofsd_lock(name, result)
     for _ in range(MOUNT_ROUNDS):  # a point mounted over twice shows again after one umount
         points = mounts_below(base)
         for point in points:
@@ -330,6 +333,21 @@ def _rmdir(directory: Path) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(POLL_S)
+
+
+# -- files outside the work root -----------------------------------------------------------
+def remove_virtiofsd_lock(name: str, result: Reaped) -> None:
+    """The lock file virtiofsd keeps for environment ``name``'s socket (its name is the
+    environment's), once the cgroup's reaping has ended the daemon."""
+    lock = virtiofs.lock_file(virtiofs.socket_name(name))
+    try:
+        lock.unlink()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        result.problem(f"{lock}: {exc.strerror}")
+        return
+    result.add("file", str(lock))
 
 
 # -- mounts -------------------------------------------------------------------------------

