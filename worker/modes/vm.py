@@ -66,6 +66,7 @@ class VmMode(Mode):
     machine = "q35"
     workspace_kind: WorkspaceKind = "9p-mmap"
     guest_sync = False  # does the round's sync ask the guest to sync(2)?
+    option_names = frozenset({"accel", "guest_hold"})
 
     def __init__(self, forced_accel: str | None = None) -> None:
         if forced_accel not in (None, "kvm", "tcg"):
