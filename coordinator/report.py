@@ -46,6 +46,25 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}td.missing{text-align:
 p.cap{font-style:italic;margin:.8em 0 .2em}ol.notes{font-size:12px;color:#444;margin-top:0}
 svg{max-width:100%;height:auto}figure{margin:1em 0}figcaption{font-size:12px;color:#444}
 .bad{color:#a00;font-weight:bold}.ok{color:#070}"""
+# What a plan's text could make Markdown of, inline in a list item of one line: emphasis, code,
+# links, raw HTML and entities, table cells, strikethrough, math.
+MARKDOWN_SPECIAL = "\\`*_[]<|~$&"
+
+
+class PlainText(str):
+    """Text from the plan (its notes), shown as written: one line, never Markdown."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, text: str) -> PlainText:
+        """``text`` folded to one line (every run of white space, newlines too, one space)."""
+        return cls(" ".join(text.split()))
+
+
+def markdown_plain(text: str) -> str:
+    """``text`` with every Markdown-significant character escaped, so it renders as itself."""
+    return "".join(f"\\{c}" if c in MARKDOWN_SPECIAL else c for c in text)
 
 
 @dataclass
@@ -284,7 +303,7 @@ def campaign_blocks(
         ]
     blocks += [
         ("h2", "Configuration"),
-        ("ul", _config_lines(plan) + [f"note: {n}" for n in plan.get("notes", [])]),
+        ("ul", _config_lines(plan) + [PlainText.of(f"note: {n}") for n in plan.get("notes", [])]),
     ]
     every = int(plan.get("sentinel", {}).get("every", 0))
     for t in analysis.tables:
@@ -341,13 +360,18 @@ def to_markdown(blocks: list[Block], root: Path) -> str:
         elif kind == "p":
             out += [payload, ""]
         elif kind == "ul":
-            out += [f"- {x}" for x in payload] + [""]
+            out += [f"- {_md_item(x)}" for x in payload] + [""]
         elif kind == "plot":
             out += [f"![{payload.path.stem}]({payload.path.relative_to(root)})", "",
                     f"*{payload.caption}*", ""]  # fmt: skip
         elif kind == "table":
             out += _md_table(payload)
     return "\n".join(out)
+
+
+def _md_item(text: str) -> str:
+    """A list item's Markdown: the plan's plain text escaped, the report's own as it is."""
+    return markdown_plain(text) if isinstance(text, PlainText) else text
 
 
 def _md_table(t: Table) -> list[str]:

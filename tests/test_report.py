@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import html
+import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import require
+from markdown_it import MarkdownIt
 from PIL import Image
 from test_analysis import _campaign
 
@@ -181,3 +186,42 @@ def test_units_per_row_and_none_for_a_row_of_dashes() -> None:
     assert table is not None
     assert [row[:2] for row in table.rows] == [
         ["publish (ms)", "750"], ["seq-write (s)", "1.25"], ["copy-tree", ("—", 1)]]  # fmt: skip
+
+
+# Notes with newlines and Markdown: a heading, emphasis, a link, raw HTML, an entity, code, a
+# table cell, strikethrough and math, each of which report.md once rendered.
+INJECTING_NOTE = (
+    "first line\n# Injected heading\n\n* bullet _em_ [link](http://x) <b>bold</b> &amp; "
+    "| pipe | `code` ~~gone~~ $x$ \\\\ end"
+)
+NOTES_PLAN = f"""name = "notes"
+scale = 0.02
+environments = 1
+rounds = 1
+sentinel = false
+workloads = ["publish"]
+modes = ["native"]
+notes = [{json.dumps(INJECTING_NOTE)}, "two  spaces\\tand a tab"]
+"""
+
+
+def test_plan_notes_are_one_line_of_plain_text_in_the_report(tmp_path: Path) -> None:
+    """A plan's notes reach report.md folded to one line with Markdown escaped: rendered, each is
+    one list item whose text is the note as written; report.html shows the same text."""
+    plan = tmp_path / "plan.toml"
+    plan.write_text(NOTES_PLAN)
+    env = {**os.environ, "SANDBENCH_HOME": str(tmp_path / "home")}
+    argv = [sys.executable, "-m", "coordinator", "run", str(plan), "--data", str(tmp_path / "data"),
+            "--work-root", str(tmp_path / "work"), "--no-progress"]  # fmt: skip
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    cid = out.stdout.strip().splitlines()[-1].removeprefix("campaign: ")
+    md = (tmp_path / "data" / cid / "report.md").read_text()
+    folded = " ".join(INJECTING_NOTE.split())
+    rendered = MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(md)
+    assert f"<li>note: {html.escape(folded, quote=False)}</li>" in rendered
+    assert "<li>note: two spaces and a tab</li>" in rendered
+    assert "Injected heading</h1>" not in rendered and "<b>bold" not in rendered
+    assert not re.search(r"^#+ Injected", md, flags=re.M)
+    page = (tmp_path / "data" / cid / "report.html").read_text()
+    assert f"<li>note: {html.escape(folded)}</li>" in page
