@@ -449,6 +449,8 @@ def write_report(store: Store, campaign_id: str) -> dict[str, Any]:
     """Rebuild every derived file of a campaign from its raw records; returns their paths."""
     campaign = store.campaign_view(campaign_id)
     analysis, _ = analyze_stored(store, campaign)
+    for host in sorted({t.host for t in analysis.tables}):  # a bad one stops it, nothing written
+        store.provenance(campaign_id, host)
     root = store.campaign_dir(campaign_id)
     csvs = write_results_csv(store, campaign_id, analysis)
     blocks = campaign_blocks(store, campaign, analysis, root / "plots")

@@ -192,8 +192,22 @@ class Store:
         write_atomic(cdir / CAMPAIGN_FILE, text)
         write_atomic(cdir / EXPANSION_SIG_FILE, signature)
 
+    def existing_campaign_dir(self, campaign_id: str) -> Path:
+        """A stored campaign's directory; StoreError saying what is missing if there is none."""
+        cdir = self.campaign_dir(campaign_id)
+        if not self.root.is_dir():
+            what = "is not a directory" if self.root.exists() else "does not exist"
+            raise StoreError(
+                f"data directory {self.root} {what}: give --data the directory that holds your "
+                "campaigns"
+            )
+        if not cdir.is_dir():
+            known = ", ".join(self.campaign_ids()[-5:]) or "none"
+            raise StoreError(f"no campaign '{campaign_id}' under {self.root} (recent: {known})")
+        return cdir
+
     def _campaign_file(self, campaign_id: str) -> Path:
-        path = self.campaign_dir(campaign_id) / CAMPAIGN_FILE
+        path = self.existing_campaign_dir(campaign_id) / CAMPAIGN_FILE
         if not path.exists():
             known = ", ".join(self.campaign_ids()[-5:]) or "none"
             raise StoreError(f"no campaign '{campaign_id}' under {self.root} (recent: {known})")
@@ -210,16 +224,20 @@ class Store:
     def load_campaign(self, campaign_id: str) -> Campaign:
         """The stored campaign ``campaign_id``."""
         cdir = self.campaign_dir(campaign_id)
-        doc = from_json(self._campaign_file(campaign_id).read_bytes())
-        return Campaign(
-            id=doc["campaign"],
-            plan_text=(cdir / PLAN_FILE).read_text(),
-            plan=doc["plan"],
-            environments=doc["environments"],
-            created_at=doc["created_at"],
-            hosts=list(doc["hosts"]),
-            notes=list(doc.get("notes", [])),
-        )
+        path = self._campaign_file(campaign_id)
+        try:
+            doc = from_json(path.read_bytes())
+            return Campaign(
+                id=doc["campaign"],
+                plan_text=(cdir / PLAN_FILE).read_text(),
+                plan=doc["plan"],
+                environments=doc["environments"],
+                created_at=doc["created_at"],
+                hosts=list(doc["hosts"]),
+                notes=list(doc.get("notes", [])),
+            )
+        except (ValueError, KeyError, TypeError) as exc:  # not JSON, or not a campaign's
+            raise StoreError(f"{path} is not a campaign file ({exc})") from exc
 
     @contextmanager
     def _campaign_locked(self, campaign_id: str) -> Iterator[Campaign]:
@@ -290,8 +308,7 @@ class Store:
         path = self.host_dir(campaign_id, host) / PROVENANCE_FILE
         if not path.exists():
             return {}
-        data: dict[str, Any] = json.loads(path.read_text())
-        return data
+        return _json_object(path, "restore it, or remove it to go on without this provenance")
 
     def write_verification(self, campaign_id: str, result: dict[str, Any]) -> None:
         """Store the outcome of the last ``verify`` (derived; rebuilt by every verify)."""
@@ -299,9 +316,11 @@ class Store:
         write_atomic(path, json.dumps(result, indent=2, sort_keys=True) + "\n")
 
     def verification(self, campaign_id: str) -> dict[str, Any] | None:
-        """The outcome of the last ``verify``, if any."""
+        """The outcome of the last ``verify``, if any (StoreError if it is not readable)."""
         path = self.campaign_dir(campaign_id) / VERIFICATION_FILE
-        return json.loads(path.read_text()) if path.exists() else None
+        if not path.exists():
+            return None
+        return _json_object(path, f"run 'sandbench verify {campaign_id}' to rebuild it")
 
     def raw_digests(self, campaign_id: str) -> dict[str, str]:
         """SHA-256 of every file ``verify`` checks (the raw ones), by path in the campaign."""
@@ -313,7 +332,13 @@ class Store:
 
     def verification_status(self, campaign_id: str) -> str:
         """The last ``verify``'s verdict if it checked these very bytes, else why not."""
-        verified = self.verification(campaign_id)
+        try:
+            verified = self.verification(campaign_id)
+        except StoreError:  # derived: verify writes it again
+            return (
+                f"unverified: {VERIFICATION_FILE} is unreadable (run 'sandbench verify "
+                f"{campaign_id}')"
+            )
         if verified is None or "digests" not in verified:
             return f"not verified yet (run 'sandbench verify {campaign_id}')"
         now, then = self.raw_digests(campaign_id), verified["digests"]
@@ -424,6 +449,17 @@ class Store:
                     f"record ({exc.error_count()} errors); run 'sandbench verify {campaign_id}'"
                 ) from exc
         return out
+
+
+def _json_object(path: Path, fix: str) -> dict[str, Any]:
+    """The JSON object stored at ``path``; StoreError naming the file and ``fix`` otherwise."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise StoreError(f"{path} is not JSON ({exc}); {fix}") from exc
+    if not isinstance(data, dict):
+        raise StoreError(f"{path} is not a JSON object; {fix}")
+    return data
 
 
 def _parse_line(line: bytes, path: Path, lineno: int, campaign_id: str) -> Any:

@@ -46,3 +46,12 @@ def modes_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.getbasetemp() / "modes-work"
     root.mkdir(exist_ok=True)
     return root
+
+
+def files_of(root: Path) -> dict[str, bytes | None]:
+    """Every file (its bytes) and directory (None) under ``root``, by path: a refused command
+    must leave this unchanged."""
+    return {
+        str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
+        for p in sorted(root.rglob("*"))
+    }

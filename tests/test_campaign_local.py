@@ -15,6 +15,7 @@ import pytest
 
 from coordinator.store import Store
 from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, SCHEMA_VERSION
+from tests.conftest import files_of
 
 FAILING_PLAN = """
 name = "rule"
@@ -210,3 +211,27 @@ def _sleepers() -> list[int]:
         if cmd[:1] == [b"/bin/sh"] and b"sleep 1.5" in b" ".join(cmd):
             found.append(int(pid))
     return found
+
+
+def _one_line(out: subprocess.CompletedProcess[str], message: str) -> None:
+    """Nothing on stdout; one line on stderr, the error ``message`` (a prefix of it)."""
+    assert out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stdout + out.stderr
+    assert out.stderr.startswith(f"sandbench: error: {message}"), out.stderr
+
+
+def test_verify_of_a_missing_campaign_or_data_directory_is_bad_input(lab: Lab) -> None:
+    """verify of an unknown campaign id, or with --data naming nothing or a file: one line,
+    exit 2, nothing written (it used to fail writing verification.json)."""
+    lab.data.mkdir()
+    (lab.root / "a-file").write_text("x\n")
+    cases = {
+        lab.data: f"no campaign 'c-20250101-abcd' under {lab.data} (recent: none)",
+        lab.root / "nowhere": f"data directory {lab.root / 'nowhere'} does not exist: give --data",
+        lab.root / "a-file": f"data directory {lab.root / 'a-file'} is not a directory",
+    }
+    for data, message in cases.items():
+        before = files_of(lab.root)
+        out = lab.sandbench("verify", "c-20250101-abcd", "--data", str(data), "--registry",
+                            str(lab.registry), check=2)  # fmt: skip
+        _one_line(out, message)
+        assert files_of(lab.root) == before

@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from tasks.records import SCHEMA_VERSION
+from tests.conftest import files_of
 from worker.modes import mode_names
 
 READY_LINE = '{"op": "ready"}'
@@ -102,3 +103,21 @@ def test_env_run_ctrl_c_cleans_up(tmp_path: Path) -> None:
 def _running(marker: str) -> bool:
     """Whether a process with ``marker`` in its command line is alive."""
     return any(marker in (p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+
+
+def test_env_run_refuses_a_work_root_that_is_a_file(tmp_path: Path) -> None:
+    """--work-root naming a regular file, or a path below one: one line, exit 2, nothing made."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    before = files_of(tmp_path)
+    for root in (blocker, blocker / "below" / "it"):
+        done = sandbench(
+            "env", "run", "--mode", "native", "--workload", "publish", "--scale", "0.02",
+            "--rounds", "1", "--work-root", str(root),
+        )  # fmt: skip
+        assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+        assert done.stderr == (
+            f"sandbench: error: --work-root {root}: {blocker} is not a directory; give a "
+            "directory (one that does not exist yet is created)\n"
+        )
+    assert files_of(tmp_path) == before

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import require
+from conftest import files_of, require
 from markdown_it import MarkdownIt
 from PIL import Image
 from test_analysis import _campaign
@@ -225,3 +225,32 @@ def test_plan_notes_are_one_line_of_plain_text_in_the_report(tmp_path: Path) -> 
     assert not re.search(r"^#+ Injected", md, flags=re.M)
     page = (tmp_path / "data" / cid / "report.html").read_text()
     assert f"<li>note: {html.escape(folded)}</li>" in page
+
+
+@pytest.mark.parametrize("name", ["campaign.json", "hosts/lab-a/provenance.json"])
+def test_report_of_a_json_file_that_is_not_json_is_one_line(tmp_path: Path, name: str) -> None:
+    """`sandbench report` when campaign.json or a provenance is not JSON: one line naming the
+    file, exit 2, and nothing in the store written or changed."""
+    _stored(tmp_path)
+    path = tmp_path / "data" / CID / name
+    path.write_text('{"campaign": "c-2026')  # cut short
+    before = files_of(tmp_path / "data")
+    argv = [sys.executable, "-m", "coordinator", "report", CID, "--data", str(tmp_path / "data")]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
+    assert out.stderr.startswith(f"sandbench: error: {path} is not ")
+    assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
+    assert files_of(tmp_path / "data") == before
+
+
+def test_report_says_an_unreadable_verification_is_no_verdict(tmp_path: Path) -> None:
+    """A verification.json that is not JSON (derived: verify rebuilds it) reads as unverified."""
+    _stored(tmp_path)
+    (tmp_path / "data" / CID / "verification.json").write_text("{")
+    argv = [sys.executable, "-m", "coordinator", "report", CID, "--data", str(tmp_path / "data"),
+            "--quiet"]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == (
+        f"records: unverified: verification.json is unreadable (run 'sandbench verify {CID}')"
+    )

@@ -13,6 +13,21 @@ from tasks.errors import SandbenchError
 MNT_DETACH = 2
 
 
+def check_work_root(path: Path, option: str = "--work-root") -> Path:
+    """``path`` made absolute if it is a directory or can be made one (it or its nearest existing
+    parent is a directory); SandbenchError naming the file in the way otherwise."""
+    path = path.absolute()
+    for existing in (path, *path.parents):
+        if os.path.lexists(existing):
+            if not existing.is_dir():
+                raise SandbenchError(
+                    f"{option} {path}: {existing} is not a directory; give a directory (one that "
+                    "does not exist yet is created)"
+                )
+            break
+    return path
+
+
 def remove_tree(path: Path, work_root: Path) -> list[str]:
     """Delete ``path`` (unmounting anything below it first) only if it is inside ``work_root``."""
     path, work_root = path.absolute(), work_root.resolve()

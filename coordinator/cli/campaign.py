@@ -227,6 +227,7 @@ def verify_command(campaign_id: str, data_dir: Path, registry_path: Path | None)
     """Check the campaign's bytes (signatures, hash chains, heads, expansion), its completeness
     and the first-failure rule; exit 1 unless verified."""
     store = Store(data_dir)
+    store.existing_campaign_dir(campaign_id)  # a missing campaign is bad input, not a verdict
     checked = verify_and_mark(store, campaign_id, HostRegistry(registry_path))
     for p in checked.problems:
         click.echo(f"problem: {p}")

@@ -23,6 +23,7 @@ from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 from worker.modes import get_mode
 from worker.runner import run_environment
+from worker.workroot import check_work_root
 from workloads.kit import MAX_ROUNDS
 
 EXIT_FAILED, EXIT_INTERRUPTED = 1, 130
@@ -78,7 +79,7 @@ def build_spec(
     options: dict[str, Any] = {"template": template} if template else {}
     get_mode(mode, options)  # unknown mode: ModeUnavailable naming the modes
     get_workload(workload)  # unknown workload: WorkloadError naming a near match
-    root = (work_root or DEFAULT_WORK_ROOT).absolute()
+    root = check_work_root(work_root or DEFAULT_WORK_ROOT)  # before anything is made there
     return EnvironmentSpec(
         campaign=time.strftime("adhoc-%Y%m%d-%H%M%S"),
         host=check_name(socket.gethostname(), "this host's name"), mode=mode,
