@@ -9,6 +9,7 @@ resumed campaign runs it again fresh and skips every environment already recorde
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from coordinator.registry import HostRegistry
 from coordinator.store import Store
 from coordinator.walltime import WallSplit
 from tasks.errors import SandbenchError, StoreError
+from tasks.names import check_name
 from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 from tasks.signing import CoordinatorKey, HostKey
@@ -61,6 +63,47 @@ def trust_own_keys(key: HostKey, signer: CoordinatorKey, registry: HostRegistry)
     """Register this host's and this coordinator's own keys (a local campaign verifies by them)."""
     registry.add(key.name, key.public_b64())
     registry.add_coordinator(signer.public_b64())
+
+
+@dataclass
+class OwnKeys:
+    """This machine's host and coordinator keys for a local run, checked before any is made or
+    trusted: a refused run leaves the keys and the registry as they were."""
+
+    host_path: Path | None  # None: the default, $SANDBENCH_HOME/host.key
+    coordinator_path: Path
+    host_name: str
+    host: HostKey | None  # None: not made yet
+    coordinator: CoordinatorKey | None
+
+    @classmethod
+    def check(
+        cls, host_path: Path | None, host_name: str | None, coordinator_path: Path,
+        registry: HostRegistry,
+    ) -> OwnKeys:  # fmt: skip
+        """The keys as they are, read and checked (a key of another host, a name registered
+        with another key, an unreadable key or registry is refused); writes nothing."""
+        host = HostKey.load_if_present(host_path, host_name)
+        coordinator = CoordinatorKey.load_if_present(coordinator_path)
+        name = host.name if host else check_name(host_name or socket.gethostname(), "host name")
+        registry.check(name, host.public_b64() if host else None)
+        return cls(host_path, coordinator_path, name, host, coordinator)
+
+    def make(self, registry: HostRegistry) -> tuple[HostKey, CoordinatorKey]:
+        """The keys, each made if absent, trusted by ``registry``."""
+        host = self.host or HostKey.load_or_create(self.host_path, self.host_name)
+        coordinator = self.coordinator or CoordinatorKey.load_or_create(self.coordinator_path)
+        trust_own_keys(host, coordinator, registry)
+        return host, coordinator
+
+
+def check_planned_here(campaign_id: str, hosts: list[str], host: str) -> None:
+    """StoreError unless campaign ``campaign_id``, planned for ``hosts``, plans ``host``."""
+    if host not in hosts:
+        raise StoreError(
+            f"campaign {campaign_id} planned hosts {', '.join(hosts)}, not this host '{host}'; "
+            "run it on that host or pass --host-name"
+        )
 
 
 def start_campaign(store: Store, plan_text: str, plan: Plan, host: str, work_root: Path) -> str:
@@ -98,11 +141,7 @@ class LocalExecutor:
                               coordinator=store.signer.public_b64())  # fmt: skip
         self.provenance: dict[str, Any] = {"modes": {}}
         campaign = store.load_campaign(campaign_id)
-        if key.name not in campaign.hosts:
-            raise StoreError(
-                f"campaign {campaign_id} planned hosts {', '.join(campaign.hosts)}, not this host "
-                f"'{key.name}'; run it on that host or pass --host-name"
-            )
+        check_planned_here(campaign_id, campaign.hosts, key.name)
         self.specs = campaign.host_specs(key.name)
         self.records = store.records(campaign_id, key.name)
         self.failures = RecordedFailures(self.records)

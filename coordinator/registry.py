@@ -94,6 +94,22 @@ class HostRegistry:
             self._write(data)
         return True
 
+    def check(self, name: str, pubkey_b64: str | None) -> None:
+        """The refusal ``add(name, pubkey_b64)`` would raise, raised without writing anything;
+        ``pubkey_b64`` None is a key not made yet, which no registered key can be."""
+        check_name(name, "host")
+        entry = self._read()["hosts"].get(name)
+        if entry is None or entry["public_key"] == (pubkey_b64 or "").strip():
+            return
+        if pubkey_b64 is not None:
+            raise self._changed_key(name, entry["public_key"], pubkey_b64.strip())
+        raise HostKeyError(
+            f"host '{name}' is already registered with another key: registered fingerprint "
+            f"{fingerprint(entry['public_key'])} ({self.path}), and this host has no key yet (a "
+            "new one would be refused). Run with that host's key (--key), or as another host "
+            "(--host-name)"
+        )
+
     def add_coordinator(self, pubkey_b64: str, label: str = "coordinator") -> bool:
         """Trust coordinator key ``pubkey_b64`` (``label`` says whose); False if it already was."""
         public_key_from_b64(pubkey_b64)  # validates

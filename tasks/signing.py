@@ -186,6 +186,17 @@ class HostKey(_Key):
             key = cls.generate(name or socket.gethostname())
             if key.save(path):
                 return key
+        found = cls.load_if_present(path, name)  # another process may have saved one first
+        assert found is not None
+        return found
+
+    @classmethod
+    def load_if_present(cls, path: Path | None = None, name: str | None = None) -> HostKey | None:
+        """The key at ``path`` (default as ``load_or_create``), which must be host ``name``'s if
+        one is given; None if there is none. Writes nothing."""
+        path = Path(path) if path is not None else default_key_path()
+        if not path.exists():
+            return None
         key = cls.load(path)
         if name is not None and name != key.name:
             raise HostKeyError(
@@ -224,6 +235,14 @@ class CoordinatorKey(_Key):
         path = Path(path) if path is not None else default_coordinator_key_path()
         if not path.exists():  # another process may win the race: its key is read back then
             _write_private(Ed25519PrivateKey.generate(), path)
+        return cls(_read_private(path, "run 'sandbench coordinator init'"), path)
+
+    @classmethod
+    def load_if_present(cls, path: Path | None = None) -> CoordinatorKey | None:
+        """The key at ``path`` (default as ``load_or_create``), or None; writes nothing."""
+        path = Path(path) if path is not None else default_coordinator_key_path()
+        if not path.exists():
+            return None
         return cls(_read_private(path, "run 'sandbench coordinator init'"), path)
 
     @property

@@ -15,6 +15,7 @@ import pytest
 
 from coordinator.store import Store
 from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, SCHEMA_VERSION
+from tasks.signing import HostKey
 from tests.conftest import files_of
 
 FAILING_PLAN = """
@@ -235,3 +236,39 @@ def test_verify_of_a_missing_campaign_or_data_directory_is_bad_input(lab: Lab) -
                             str(lab.registry), check=2)  # fmt: skip
         _one_line(out, message)
         assert files_of(lab.root) == before
+
+
+def test_run_refused_for_a_name_registered_with_another_key_leaves_no_trace(lab: Lab) -> None:
+    """run as a host whose name the registry holds with another key, with no key yet or with a
+    key of its own: exit 2, one line, and not a byte of the registry, the keys or the store
+    changes (no host or coordinator key made, no coordinator trusted, no campaign)."""
+    other = HostKey.generate("lab-test").public_b64()
+    lab.sandbench("hosts", "add", "lab-test", other, "--registry", str(lab.registry))
+    plan = lab.plan(SLOW_PLAN)
+    before = files_of(lab.root)
+    assert sorted(before) == ["home", "home/hosts.json", "home/hosts.lock", "plan.toml"]
+    out = lab.sandbench("run", plan, *lab.run_args(), check=2)
+    _one_line(out, "host 'lab-test' is already registered with another key: registered ")
+    assert "this host has no key yet" in out.stderr
+    assert files_of(lab.root) == before
+    assert HostKey.generate("lab-test").save(lab.key)  # a key of its own, not the registered one
+    before = files_of(lab.root)
+    out = lab.sandbench("run", plan, *lab.run_args(), check=2)
+    _one_line(out, "host 'lab-test' is already registered with another key: registered ")
+    assert "sandbench hosts add --replace lab-test" in out.stderr
+    assert files_of(lab.root) == before
+    blocker = lab.root / "a-file"
+    blocker.write_text("x\n")
+    before = files_of(lab.root)
+    out = lab.sandbench("run", plan, *lab.run_args(), "--work-root", str(blocker), check=2)
+    _one_line(out, f"--work-root {blocker}: {blocker} is not a directory")
+    assert files_of(lab.root) == before
+
+
+def test_run_resume_of_an_unknown_campaign_leaves_no_trace(lab: Lab) -> None:
+    """run --resume of a campaign that is not stored: exit 2, one line, no key or registry made."""
+    lab.data.mkdir()
+    before = files_of(lab.root)
+    out = lab.sandbench("run", "--resume", "c-20250101-abcd", *lab.run_args(), check=2)
+    _one_line(out, f"no campaign 'c-20250101-abcd' under {lab.data}")
+    assert files_of(lab.root) == before

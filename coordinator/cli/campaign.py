@@ -18,7 +18,7 @@ from rich.table import Table
 
 from coordinator.analysis import Analysis, HostTables
 from coordinator.campaign import describe
-from coordinator.local import run_campaign, summary_line
+from coordinator.local import OwnKeys, check_planned_here, run_campaign, summary_line
 from coordinator.plan import (
     PRESETS,
     Plan,
@@ -30,13 +30,14 @@ from coordinator.plan import (
 )
 from coordinator.policy import Verification, verify_campaign
 from coordinator.progress import finalize_host
-from coordinator.registry import HostRegistry, own_coordinator_key
+from coordinator.registry import HostRegistry
 from coordinator.report import TASK_UNIT, cell_table, startup_table, write_report
 from coordinator.report import Table as ReportTable
 from coordinator.store import Store
 from tasks.errors import PlanError
 from tasks.paths import DEFAULT_WORK_ROOT
-from tasks.signing import COORDINATOR_KEY_FILE, HostKey, default_coordinator_key_path
+from tasks.signing import COORDINATOR_KEY_FILE, default_coordinator_key_path
+from worker.workroot import check_work_root
 
 EXIT_CHECK_FAILED = 1
 EXIT_INTERRUPTED = 130
@@ -153,13 +154,20 @@ def run_command(
     registry_path: Path | None, no_progress: bool,
 ) -> None:  # fmt: skip
     """Run a campaign on this machine (embedded, no broker) and print its tables."""
+    # Every check before anything is written: a refused run leaves no key, trust or campaign.
     plan = None if resume_id else _plan_from(plan_path, preset_name)
-    if plan:  # it runs here: its CPUs must exist here (nothing is created before this)
+    if plan:  # it runs here: its CPUs must exist here
         check_runs_here(plan[1], _source(plan_path, preset_name))
-    key = HostKey.load_or_create(key_path, name=host_name)
+    check_work_root(work_root)
     registry = HostRegistry(registry_path)
     signer_path = key_path.parent / COORDINATOR_KEY_FILE if key_path else None
-    signer = own_coordinator_key(signer_path or default_coordinator_key_path(), registry)
+    keys = OwnKeys.check(key_path, host_name, signer_path or default_coordinator_key_path(),
+                         registry)  # fmt: skip
+    if resume_id:
+        check_planned_here(
+            resume_id, Store(data_dir).campaign_view(resume_id).hosts, keys.host_name
+        )
+    key, signer = keys.make(registry)
     store, err = Store(data_dir, signer=signer), Console(stderr=True)
     for line in describe(plan[1]) if plan else [f"resuming campaign {resume_id}"]:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
