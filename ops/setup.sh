@@ -17,6 +17,7 @@ APT_PACKAGES=(
   docker.io                                  # docker mode (sandbench starts a private dockerd)
   podman conmon runc crun                    # podman mode (private store; runc or crun per host)
   libnl-3-200 libnl-route-3-200              # nsjail mode (the binary ops/install-nsjail.sh installs)
+  runsc                                      # gvisor and docker-gvisor modes (gVisor)
   qemu-system-x86 busybox-static cpio        # VM modes and their initramfs
   chromium                                   # report and Flower screenshot tests (headless)
   docker-compose mmdebstrap                  # the compose fleet; its base image from Debian's archive

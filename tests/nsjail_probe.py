@@ -15,7 +15,7 @@ import psutil
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 from tests.conftest import REPO
 from worker import quota as cgroups
-from worker.modes.base import EnvContext
+from worker.modes.base import EnvContext, Mode
 from worker.modes.nsjail import NsjailMode
 from worker.procs import close_pipes
 
@@ -84,11 +84,14 @@ run_environment(EnvironmentSpec.model_validate_json(sys.argv[1]))
 """
 
 
-def launch(env: EnvContext) -> subprocess.Popen[bytes]:
-    """The mode's launcher, spawned into the environment's cgroup as the runner does."""
+def launch(env: EnvContext, mode: Mode | None = None) -> subprocess.Popen[bytes]:
+    """The launcher of ``mode`` (default nsjail), spawned into the environment's cgroup as the
+    runner does (after the mode's preparation)."""
     cgroup: cgroups.Cgroup = env.state["cgroup"]
+    mode = mode or NsjailMode()
+    mode.prepare(env)
     proc = subprocess.Popen(
-        NsjailMode().launcher(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        mode.launcher(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, preexec_fn=cgroup.preexec(), start_new_session=True,
         cwd=env.env_dir,
     )  # fmt: skip
