@@ -220,3 +220,131 @@ def test_missing_dockerd_fails_preflight(tmp_path: Path) -> None:
     )  # fmt: skip
     docker_line = next(line for line in listed.stdout.splitlines() if "docker" in line)
     assert f"dockerd not found at {missing}" in docker_line, listed.stdout
+
+
+# -- docker-gvisor: the same container with runsc as its runtime ---------------------------------
+
+
+# The payload's stand-in: ready, wait, then the kernel it sees (gVisor's Sentry, not the host's).
+GVISOR_PROBE = r"""
+import json, sys
+print(json.dumps({"op": "ready"}), flush=True)
+sys.stdin.readline()
+print(open("/proc/version").read().strip(), flush=True)
+"""
+
+
+# Ready, then 3 GiB touched page by page (bytearray zero-fills), past the 2 GiB quota.
+ALLOCATING_PROBE = r"""
+import json, sys
+print(json.dumps({"op": "ready"}), flush=True)
+sys.stdin.readline()
+b = bytearray(3 << 30)
+print("allocated", flush=True)
+"""
+
+
+def gvisor_spec(workload: str, work_root: Path, **overrides: object) -> EnvironmentSpec:
+    """A docker-gvisor environment of ``workload`` at the test scale."""
+    return spec_for(workload, work_root, mode="docker-gvisor", campaign="t-dgvisor", **overrides)
+
+
+def test_docker_gvisor_preflight_names_the_runtime(dockerd: Dockerd) -> None:
+    """The private daemon has runsc as a runtime; preflight names it and runsc's version."""
+    require_binary("runsc")
+    from worker.modes.docker_gvisor import DockerGvisorMode
+
+    assert "runsc" in (dockerd.status().get("runtimes") or [])
+    verdict = DockerGvisorMode().preflight(HostInfo())
+    assert verdict.ok, verdict.reason
+    assert verdict.facts["runtime"] == "runsc"
+    assert verdict.facts["runsc"].startswith("runsc version ")
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_docker_gvisor_workload_passes(dockerd: Dockerd, work_root: Path, workload: str) -> None:
+    """Every workload passes in docker-gvisor at scale 0.02, and the container ran on runsc:
+    its processes were runsc's (the record's preflight names the runtime), nothing is left."""
+    require_binary("runsc")
+    from worker.runner import run_environment
+
+    record = run_environment(gvisor_spec(workload, work_root))
+    assert record is not None
+    assert record.outcome == "passed", (record.reason, record.detail)
+    assert record.oracle is not None and record.oracle.ok
+    assert record.provenance["preflight"]["runtime"] == "runsc"
+    assert "cleanup" not in record.provenance, record.provenance["cleanup"]
+    assert_no_containers(dockerd)
+
+
+def test_docker_gvisor_runs_in_a_sandbox_inside_the_quota(dockerd: Dockerd, tmp_path: Path) -> None:
+    """The container's payload runs in gVisor (its kernel says so), and the Sentry and gofer
+    run in a cgroup below the environment's, so the quota holds them."""
+    require_binary("runsc")
+    from worker.modes.docker_gvisor import DockerGvisorMode
+
+    env, cgroup = _probe_env(tmp_path, Quota())
+    env.payload.write_text(GVISOR_PROBE)
+    mode = DockerGvisorMode()
+    try:
+        mode.prepare(env)
+        proc = subprocess.Popen(
+            mode.launcher(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            preexec_fn=cgroup.preexec(), start_new_session=True,
+        )  # fmt: skip
+        cgroup.close_preexec()
+        assert proc.stdout is not None and proc.stdin is not None
+        proc.stdout.readline()  # the probe's ready line
+        sandbox = [p for p in psutil.process_iter(["pid", "cmdline"])
+                   if "runsc-sandbox" in " ".join(p.info["cmdline"] or [])
+                   and container_name(env) not in " ".join(p.info["cmdline"] or [])]  # fmt: skip
+        placed = [cgroup.holds(p.pid) for p in sandbox]
+        out, _ = proc.communicate(b"go\n", timeout=60)
+        cpu_s = cgroup.cpu_seconds()
+    finally:
+        mode.cleanup(env)
+        cgroup.remove()
+    assert sandbox and all(placed), placed
+    assert proc.returncode == 0, out
+    assert "gVisor" in out.decode() or "4.4.0" in out.decode(), out  # gVisor's own kernel
+    assert cpu_s > 0.1, "the environment's cgroup accounts the sandbox's CPU time"
+    assert_no_containers(dockerd)
+
+
+def test_docker_gvisor_over_memory_is_oom(dockerd: Dockerd, tmp_path: Path) -> None:
+    """A 3 GiB allocation in the sandbox under the 2 GiB quota: the host kills the Sentry in
+    the container's cgroup, and the mode's OOM verdict (read before cleanup) says so."""
+    require_binary("runsc")
+    from worker.modes.docker_gvisor import DockerGvisorMode
+
+    env, cgroup = _probe_env(tmp_path, Quota())
+    env.payload.write_text(ALLOCATING_PROBE)
+    mode = DockerGvisorMode()
+    try:
+        mode.prepare(env)
+        proc = subprocess.Popen(
+            mode.launcher(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            preexec_fn=cgroup.preexec(), start_new_session=True,
+        )  # fmt: skip
+        cgroup.close_preexec()
+        out, _ = proc.communicate(b"go\n", timeout=120)
+        killed = mode.oom_killed(env) or cgroup.oom_killed()
+        peak = cgroup.peak_memory()
+    finally:
+        mode.cleanup(env)
+        cgroup.remove()
+    assert proc.returncode != 0 and b"allocated" not in out, out
+    assert killed, "an OOM kill, seen by docker or by the environment's cgroup"
+    assert peak is not None and peak > 1.9 * 1024 * MiB
+    assert_no_containers(dockerd)
+
+
+def test_docker_gvisor_without_runsc_fails_preflight(
+    dockerd: Dockerd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without runsc on PATH preflight fails naming ``apt-get install runsc``."""
+    from worker.modes.docker_gvisor import DockerGvisorMode
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    verdict = DockerGvisorMode().preflight(HostInfo())
+    assert not verdict.ok and "apt-get install runsc" in verdict.reason

@@ -47,6 +47,8 @@ STOP_TIMEOUT_S = 30.0
 CLIENT_TIMEOUT_S = 120.0
 POLL_S = 0.1
 LOG_TAIL_CHARS = 600
+RUNSC_RUNTIME = "runsc"  # the name docker-gvisor's containers ask for
+RUNSC_ARGS = ("--network=none",)
 ON_DEMAND_MARK = "on-demand"  # present while the daemon was started on demand (not persistent)
 
 # State directory -> descriptor of this process's shared lock on its ``users.lock``.
@@ -65,6 +67,17 @@ DAEMON_FLAGS = (
     "--shutdown-timeout=2",
     "--log-level=warn",
 )
+
+
+def daemon_config() -> dict[str, Any]:
+    """The daemon's whole configuration (never /etc/docker/daemon.json): gVisor's runsc as the
+    runtime ``runsc`` when it is installed (the docker-gvisor mode's ``--runtime=runsc``), with
+    its network off, since the daemon makes no network namespace runsc would accept for
+    ``--network=none`` containers; runc stays the default runtime."""
+    runsc = shutil.which(RUNSC_RUNTIME)
+    if runsc is None:
+        return {}
+    return {"runtimes": {RUNSC_RUNTIME: {"path": runsc, "runtimeArgs": list(RUNSC_ARGS)}}}
 
 
 class DockerdError(ModeUnavailable):
@@ -221,6 +234,7 @@ class Dockerd:
                 storage_driver=info.get("Driver"),
                 cgroup_driver=info.get("CgroupDriver"),
                 cgroup_version=info.get("CgroupVersion"),
+                runtimes=sorted(info.get("Runtimes") or {}),
                 containers=info.get("Containers"),
                 images=info.get("Images"),
             )
@@ -312,9 +326,8 @@ class Dockerd:
         """Spawn dockerd detached (its own session, not our child) and wait for its API."""
         for stale in (self.pidfile, self.socket):
             stale.unlink(missing_ok=True)
-        config = self.state_dir / "daemon.json"
-        if not config.exists():  # hermetic: never read /etc/docker/daemon.json
-            config.write_text("{}\n")
+        # hermetic: never read /etc/docker/daemon.json; written anew at each start
+        (self.state_dir / "daemon.json").write_text(json.dumps(daemon_config()) + "\n")
         # The shell starts dockerd in the background and exits, so the daemon outlives this
         # process's children and is owned by its pid file, not by a Popen object.
         spawn = f'"$@" >>"{self.logfile}" 2>&1 </dev/null & echo $!'

@@ -44,6 +44,8 @@ REGISTRY = (
     ModeInfo("staged", "worker.modes.staged:StagedMode", tools=("cp --version",), reference=True),
     ModeInfo("docker", "worker.modes.docker:DockerMode",
              tools=("docker --version", "dockerd --version"), reference=True),
+    ModeInfo("docker-gvisor", "worker.modes.docker_gvisor:DockerGvisorMode",
+             tools=("docker --version", "dockerd --version", "runsc --version")),
     ModeInfo("podman", "worker.modes.podman:PodmanMode",
              tools=("podman --version", "conmon --version", "crun --version", "runc --version"),
              reference=True),
