@@ -42,21 +42,20 @@ def plan_show(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO)
 
 
-def test_readme_shows_the_three_runtimes() -> None:
-    """The README's plan has templates for gVisor (runsc do), nsjail and Firecracker's jailer."""
+def test_readme_shows_only_what_is_not_built_in() -> None:
+    """The README's plan keeps the one runtime sandbench does not ship: Firecracker's jailer
+    (gVisor and nsjail are built-in modes, and a command mode may not take their names)."""
     binaries = {mode["name"]: mode["template"][0] for mode in readme_modes()}
-    assert binaries == {"gvisor": "runsc", "nsjail": "nsjail", "firecracker": "jailer"}
-    gvisor = next(m["template"] for m in readme_modes() if m["name"] == "gvisor")
-    assert gvisor.index("do") < gvisor.index("{payload_argv}"), "runsc's global flags, then do"
+    assert binaries == {"firecracker": "jailer"}
 
 
 def test_readme_runtime_plan_passes_plan_show(tmp_path: Path) -> None:
-    """`plan show` validates the README's runtimes plan as written and expands all three."""
+    """`plan show` validates the README's runtimes plan as written and expands it."""
     plan = tmp_path / "runtimes.toml"
     plan.write_text(readme_runtime_plan())
     out = plan_show(plan)
     assert out.returncode == 0, out.stderr
-    assert "19 workloads x 3 modes x 3 environments = 171 environments" in out.stdout
+    assert "19 workloads x 1 mode x 3 environments = 57 environments" in out.stdout
 
 
 @pytest.mark.parametrize("name", [m["name"] for m in readme_modes()])
