@@ -33,6 +33,15 @@ def watch_campaign(app: Celery, campaign: str) -> None:
     redis_client(app.conf.broker_url).sadd(ACTIVE_CAMPAIGNS_KEY, campaign)
 
 
+def unregistered_hosts(hosts: list[str]) -> tuple[list[str], Path]:
+    """Those of ``hosts`` not in the trusted registry (their records would be rejected), and
+    the registry's path."""
+    from coordinator.registry import HostRegistry
+
+    registry = HostRegistry()
+    return [h for h in hosts if h not in registry], registry.path
+
+
 def dispatch_specs(
     app: Celery, store: Store, plan_text: str, plan: Any, specs: list[EnvironmentSpec]
 ) -> str:

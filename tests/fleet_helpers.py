@@ -484,9 +484,9 @@ def make_fleet(tmp_path: Path) -> Iterator[Any]:
         fleet.close()
 
 
-def dispatch(fleet: Fleet, plan: Path, hosts: str) -> str:
+def dispatch(fleet: Fleet, plan: Path, hosts: str, *options: str) -> str:
     """Run ``sandbench dispatch`` and return the campaign id from its last line."""
-    out = fleet.cli("dispatch", str(plan), "--hosts", hosts, "--data", str(fleet.data))
+    out = fleet.cli("dispatch", str(plan), "--hosts", hosts, "--data", str(fleet.data), *options)
     assert out.returncode == 0, out.stderr
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("campaign: "), out.stdout

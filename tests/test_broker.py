@@ -107,7 +107,8 @@ def test_dispatch_and_status_with_a_dead_broker_create_nothing(
     data = tmp_path / "data"
     env = {**os.environ, "SANDBENCH_HOME": str(tmp_path / "home"),
            "SANDBENCH_BROKER": f"redis://:{SECRET}@127.0.0.1:{silent_port}/0"}  # fmt: skip
-    for args in (["dispatch", str(plan), "--hosts", "lab-a"], ["status", "c-20261201-abcd"]):
+    dispatch = ["dispatch", str(plan), "--hosts", "lab-a", "--allow-unregistered"]
+    for args in (dispatch, ["status", "c-20261201-abcd"]):
         started = time.monotonic()
         out = subprocess.run([PYTHON, "-m", "coordinator", *args, "--data", str(data)], env=env,
                              cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip

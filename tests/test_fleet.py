@@ -67,7 +67,8 @@ def test_forged_records_are_rejected_logged_and_counted_missing(make_fleet: Any)
     fleet.register_hosts(["lab-a", "lab-b"])
     fleet.start_coordinator()
     plan = write_plan(fleet.root / "plan.toml", environments=1, rounds=1, workloads=["publish"])
-    campaign = dispatch(fleet, plan, "lab-b,lab-c")  # no worker: only forged records arrive
+    # no worker: only forged records arrive; lab-c is unregistered on purpose
+    campaign = dispatch(fleet, plan, "lab-b,lab-c", "--allow-unregistered")
     lab_a, lab_b, lab_c = (fleet.hosts[n].key for n in ("lab-a", "lab-b", "lab-c"))
     impostor = HostKey("lab-b", lab_a.private)  # lab-a's key claiming to be lab-b
     claimed = sign_record(EnvironmentRecord.model_validate(_forged(fleet, campaign, "lab-b", 0)),
@@ -91,3 +92,21 @@ def test_forged_records_are_rejected_logged_and_counted_missing(make_fleet: Any)
     assert "not the registered key of 'lab-b'" in log
     assert "bad signature" in log
     assert "unknown host 'lab-c'" in log
+
+
+def test_dispatch_to_an_unregistered_host_is_refused_unless_allowed(make_fleet: Any) -> None:
+    """dispatch naming a host not in the registry exits 2 with one line naming the host and
+    'sandbench hosts add', storing nothing; --allow-unregistered queues it with a warning."""
+    fleet = make_fleet(["lab-a", "lab-b"])
+    fleet.register_hosts(["lab-a"])
+    plan = write_plan(fleet.root / "plan.toml", environments=1, rounds=1, workloads=["publish"])
+    out = fleet.cli("dispatch", str(plan), "--hosts", "lab-a,lab-b", "--data", str(fleet.data))
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stdout == "" and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "host lab-b is not registered" in out.stderr
+    assert "sandbench hosts add lab-b" in out.stderr
+    assert not fleet.data.exists() or Store(fleet.data).campaign_ids() == []
+    assert fleet.redis.client().keys("*") == []  # nothing queued, nothing watched
+    campaign = dispatch(fleet, plan, "lab-a,lab-b", "--allow-unregistered")
+    assert Store(fleet.data).campaign_ids() == [campaign]
+

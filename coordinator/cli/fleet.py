@@ -57,17 +57,41 @@ def _app(broker: str | None):  # type: ignore[no-untyped-def]  # celery is untyp
 @broker_option
 @data_option
 @click.option("--work-root", default=None, help="work root named in the specs (hosts may override)")
+@click.option(
+    "--allow-unregistered",
+    is_flag=True,
+    help="queue to hosts not in the trusted registry (their records are rejected until "
+    "'sandbench hosts add')",
+)
 def dispatch_cmd(
-    plan: Path, hosts: str, broker: str | None, data: Path, work_root: str | None
+    plan: Path,
+    hosts: str,
+    broker: str | None,
+    data: Path,
+    work_root: str | None,
+    allow_unregistered: bool,
 ) -> None:
     """Expand PLAN per host (seeded order) and queue it to each host's worker."""
-    from coordinator.dispatch import dispatch_plan
+    from coordinator.dispatch import dispatch_plan, unregistered_hosts
 
     names = [check_name(h.strip(), "--hosts:") for h in hosts.split(",") if h.strip()]
     if not names:
         raise FleetError("--hosts names no host; give e.g. --hosts lab-a,lab-b")
     if len(set(names)) < len(names):
         raise FleetError(f"--hosts {hosts} names a host twice; name each lab host once")
+    unknown, registry = unregistered_hosts(names)
+    if unknown and not allow_unregistered:
+        raise FleetError(
+            f"host {', '.join(unknown)} is not registered in {registry}: its records would be "
+            f"rejected; register it with 'sandbench hosts add {unknown[0]} PUBKEY' (its worker "
+            "prints the line), or dispatch anyway with --allow-unregistered"
+        )
+    for name in unknown:
+        click.echo(
+            f"sandbench: warning: host {name} is not registered in {registry}: its records "
+            f"are rejected until 'sandbench hosts add {name} PUBKEY'",
+            err=True,
+        )
     campaign = dispatch_plan(_app(broker), _store(data), plan, names, work_root=work_root)
     click.echo(f"queued on {', '.join(f'host.{n}' for n in names)}")
     click.echo(f"campaign: {campaign}")
