@@ -12,7 +12,8 @@ from coordinator.fleet import DUPLICATES_KEY, FINALIZED_KEY, REJECTED_KEY
 from coordinator.leases import requeued_count
 from coordinator.progress import HostProgress, host_progress
 from coordinator.store import Store
-from tasks.broker import ALIVE_KEY
+from tasks.broker import ALIVE_KEY, REFUSED_KEY
+from worker.presence import host_alive, host_last_seen
 
 LOST_PREFIX = "lost: "  # every lost mark's reason starts so (coordinator.fleet, coordinator.leases)
 
@@ -31,6 +32,8 @@ class HostStatus:
     failures: list[dict[str, Any]] = field(default_factory=list)
     requeued: int = 0  # queued but never started, then queued again (coordinator.leases)
     duplicates: int = 0  # records that arrived again for a stored key and were dropped
+    refused: dict[str, int] = field(default_factory=dict)  # reason -> specs its worker refused
+    worker: str = "unknown"  # "alive", "gone" (seen before) or "never seen" on this broker
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form for ``--json``."""
@@ -45,6 +48,8 @@ class HostStatus:
             "failures": self.failures,
             "requeued": self.requeued,
             "duplicates": self.duplicates,
+            "refused": self.refused,
+            "worker": self.worker,
         }
 
 
@@ -84,12 +89,17 @@ def host_status(store: Store, client: redis.Redis | None, campaign: str, host: s
     running: list[str] = []
     finalized = False
     requeued = duplicates = 0
+    refused: dict[str, int] = {}
+    worker = "unknown"
     if client is not None:
         running = [s.key() for s in missing if client.exists(ALIVE_KEY.format(key=s.key()))]
         done = client.hget(FINALIZED_KEY.format(campaign=campaign), host)
         finalized = done == progress.fingerprint() and progress.complete()
         requeued = requeued_count(client, campaign, host)
         duplicates = int(client.hget(DUPLICATES_KEY.format(campaign=campaign), host) or 0)
+        counts = client.hgetall(REFUSED_KEY.format(campaign=campaign, host=host))
+        refused = {str(k): int(v) for k, v in sorted(counts.items())}
+        worker = worker_state(client, host)
     return HostStatus(
         host=host,
         planned=len(progress.planned),
@@ -101,7 +111,16 @@ def host_status(store: Store, client: redis.Redis | None, campaign: str, host: s
         failures=_failures(progress),
         requeued=requeued,
         duplicates=duplicates,
+        refused=refused,
+        worker=worker,
     )
+
+
+def worker_state(client: redis.Redis, host: str) -> str:
+    """Whether ``host``'s worker beats on the broker now, did before, or was never seen."""
+    if host_alive(client, host):
+        return "alive"
+    return "gone" if host_last_seen(client, host) is not None else "never seen"
 
 
 def campaign_status(store: Store, client: redis.Redis | None, campaign: str) -> dict[str, Any]:
@@ -133,6 +152,13 @@ def format_status(status: dict[str, Any]) -> str:
                 f"    {h.get('requeued', 0)} queued again (never started), "
                 f"{h.get('duplicates', 0)} duplicate records dropped"
             )
+        for reason, count in h.get("refused", {}).items():
+            lines.append(f"    refused {count}: {reason} (nothing ran, no record)")
+        if h.get("worker") == "never seen":
+            lines.append(f"    worker not seen: no 'sandbench worker --host {h['host']}' has "
+                         "reached this broker")  # fmt: skip
+        elif h.get("worker") == "gone" and not h["finalized"]:
+            lines.append("    worker gone: its host-alive key expired (stopped or cut off)")
         for f in h["failures"]:
             mark = " (superseded)" if f["superseded"] else ""
             verb, reason = "failed", str(f["reason"])

@@ -23,6 +23,10 @@ LOST_RUNS_KEY = "sandbench:lost-runs:{key}"  # deliveries that started and were 
 PROVENANCE_KEY = "sandbench:provenance-sent:{campaign}/{host}"  # facts sent once per campaign
 CELL_FAILED_KEY = "sandbench:cell-failed:{campaign}/{host}/{mode}/{workload}/{attempt}"
 HOST_ALIVE_KEY = "sandbench:host-alive:{host}"  # refreshed by a host's running worker
+HOST_SEEN_KEY = "sandbench:host-seen:{host}"  # wall time of a host's worker's latest beat
+# hash reason -> count of the specs a host's worker refused (nothing ran, no record)
+REFUSED_KEY = "sandbench:refused:{campaign}/{host}"
+COMMAND_MODE_REFUSED = "command mode not allowed"  # a REFUSED_KEY reason (not-run records)
 MARK_TTL_S = 30 * 24 * 3600
 HOST_ALIVE_TTL_S = 20  # a worker gone (or cut off) this long: its host is gone
 HOST_ALIVE_REFRESH_S = 5

@@ -40,4 +40,9 @@ class FleetError(SandbenchError):
 
 
 class SpecRefused(SandbenchError):
-    """A lab host refuses to run a spec (it names another host)."""
+    """A lab host refuses to run a spec (another host's, unsigned, or not signed by the
+    coordinator key it trusts); ``reason`` is the short class ``sandbench status`` counts."""
+
+    def __init__(self, message: str, reason: str = "refused") -> None:
+        super().__init__(message)
+        self.reason = reason

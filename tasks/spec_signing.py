@@ -46,23 +46,29 @@ def check_spec(spec: EnvironmentSpec, trusted_b64: str | None, trusted_from: str
     ``trusted_from`` names where the trusted key comes from (for the message).
     """
     where = spec.key()
+    untrusted = "untrusted coordinator key"
     if trusted_b64 is None:
         raise SpecRefused(
             f"refused {where}: this worker trusts no coordinator key yet ({trusted_from}); "
             "install it with 'ops/install.sh --role worker --coordinator-key FILE' or "
-            "'sandbench host trust-coordinator FILE'"
+            "'sandbench host trust-coordinator FILE'",
+            untrusted,
         )
     if spec.spec_signature is None or spec.coordinator_key is None:
-        raise SpecRefused(f"refused {where}: the spec is not signed by a coordinator key")
+        raise SpecRefused(
+            f"refused {where}: the spec is not signed by a coordinator key", "unsigned spec"
+        )
     trusted_id = coordinator_key_id(trusted_b64)
     if spec.coordinator_key != trusted_id:
         raise SpecRefused(
             f"refused {where}: signed by {spec.coordinator_key}, but this worker trusts only "
-            f"{trusted_id} ({trusted_from})"
+            f"{trusted_id} ({trusted_from})",
+            untrusted,
         )
     data = spec.model_dump(mode="json")
     if not signature_ok(trusted_b64, spec.spec_signature, spec_payload(data)):
         raise SpecRefused(
             f"refused {where}: bad spec signature (the spec was changed after the coordinator "
-            "signed it, or forged)"
+            "signed it, or forged)",
+            "bad signature",
         )

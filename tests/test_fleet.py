@@ -22,6 +22,7 @@ from tests.fleet_helpers import (
     wait_until,
     write_plan,
 )
+from worker.config import COORDINATOR_PUB
 
 pytestmark = pytest.mark.fleet
 __all__ = ["make_fleet"]  # the fixture
@@ -110,3 +111,26 @@ def test_dispatch_to_an_unregistered_host_is_refused_unless_allowed(make_fleet: 
     campaign = dispatch(fleet, plan, "lab-a,lab-b", "--allow-unregistered")
     assert Store(fleet.data).campaign_ids() == [campaign]
 
+
+def test_status_shows_a_workers_refusals_and_a_host_never_seen(make_fleet: Any) -> None:
+    """A worker that trusts no coordinator key refuses every spec; status counts the refusals
+    under its host ('refused N: untrusted coordinator key') and names a host with no worker."""
+    fleet = make_fleet(["lab-a", "lab-b"])
+    fleet.register_hosts()
+    (fleet.hosts["lab-a"].home / COORDINATOR_PUB).unlink()  # lab-a trusts no coordinator key
+    fleet.start_coordinator()
+    fleet.start_worker("lab-a")
+    plan = write_plan(fleet.root / "plan.toml", environments=2, rounds=1, workloads=["publish"],
+                      sentinel=False)  # fmt: skip
+    campaign = dispatch(fleet, plan, "lab-a,lab-b")
+    planned = status(fleet, campaign)["hosts"][0]["planned"]
+    refused = lambda: status(fleet, campaign)["hosts"][0]["refused"]  # noqa: E731
+    wait_until(lambda: refused().get("untrusted coordinator key") == planned, 60, "refusals")
+    lab_a, lab_b = status(fleet, campaign)["hosts"]
+    assert lab_a["worker"] == "alive" and lab_b["worker"] == "never seen"
+    assert lab_a["outcomes"] == {} and records_of(fleet, campaign, "lab-a") == []
+    out = fleet.cli("status", campaign, "--data", str(fleet.data))
+    assert out.returncode == 0, out.stderr
+    assert f"refused {planned}: untrusted coordinator key" in out.stdout, out.stdout
+    assert "worker not seen: no 'sandbench worker --host lab-b'" in out.stdout, out.stdout
+    assert "Traceback" not in out.stdout + out.stderr

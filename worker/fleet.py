@@ -28,16 +28,18 @@ from tasks.broker import (
     ALIVE_REFRESH_S,
     ALIVE_TTL_S,
     CELL_FAILED_KEY,
+    COMMAND_MODE_REFUSED,
     DONE_KEY,
     LOST_RUNS_KEY,
     MARK_TTL_S,
     PROVENANCE_KEY,
+    REFUSED_KEY,
     STARTED_KEY,
     redis_client,
 )
 from tasks.errors import FleetError, SpecRefused
 from tasks.outbox import Outbox, add_record
-from tasks.records import EnvironmentSpec
+from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, EnvironmentRecord, EnvironmentSpec
 from tasks.signing import HostKey, canonical_json, default_key_path
 from worker.config import load_allowlist, trusted_coordinator
 from worker.gate import HostState, Span, admit, rule_applies, run_planned
@@ -166,6 +168,7 @@ def execute(client: redis.Redis, spec: EnvironmentSpec, sent_at: float | None) -
         admit(spec, host)
     except SpecRefused as exc:
         log.error("%s (nothing ran, no record)", exc)
+        count_refusal(client, spec, exc.reason)
         raise
     received = time.time()
     lost_runs = claim_attempt(client, spec)
@@ -181,7 +184,27 @@ def execute(client: redis.Redis, spec: EnvironmentSpec, sent_at: float | None) -
     reap_if_left(host.work_root)  # a cleanup that failed: its leftovers go before the next one
     if record is None:
         raise FleetError(f"environment {spec.key()} was stopped before it finished")
+    if command_mode_refused(record):
+        count_refusal(client, spec, COMMAND_MODE_REFUSED)
     return record.to_json_dict()
+
+
+def command_mode_refused(record: EnvironmentRecord) -> bool:
+    """Whether ``record`` is not run because this worker's allowlist refused its command mode."""
+    refused = f"{NOT_RUN_PREFLIGHT_PREFIX}command mode '{record.mode}' "
+    return record.outcome == "not-run" and (record.reason or "").startswith(refused)
+
+
+def count_refusal(client: redis.Redis, spec: EnvironmentSpec, reason: str) -> None:
+    """Count one refusal of ``spec`` by ``reason`` where ``sandbench status`` reads it."""
+    key = REFUSED_KEY.format(campaign=spec.campaign, host=spec.host)
+    try:
+        pipe = client.pipeline()
+        pipe.hincrby(key, reason, 1)
+        pipe.expire(key, MARK_TTL_S)
+        pipe.execute()
+    except redis.RedisError as exc:  # the refusal itself stands; only its count is missed
+        log.warning("refusal of %s not counted: %s", spec.key(), exc)
 
 
 def outcome_text(record: dict[str, Any]) -> str:

@@ -202,7 +202,10 @@ def run_planned(
 def admit(spec: EnvironmentSpec, host: HostState) -> None:
     """Raise ``SpecRefused`` unless ``spec`` is for this host and signed by its coordinator."""
     if spec.host != host.name:
-        raise SpecRefused(f"environment {spec.key()} is for host {spec.host}, this is {host.name}")
+        raise SpecRefused(
+            f"environment {spec.key()} is for host {spec.host}, this is {host.name}",
+            "spec for another host",
+        )
     check_spec(spec, host.coordinator, host.coordinator_from)
 
 

@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Any
 
 import redis
 from celery import Celery, bootsteps
 
-from tasks.broker import HOST_ALIVE_KEY, HOST_ALIVE_REFRESH_S, HOST_ALIVE_TTL_S
+from tasks.broker import (
+    HOST_ALIVE_KEY,
+    HOST_ALIVE_REFRESH_S,
+    HOST_ALIVE_TTL_S,
+    HOST_SEEN_KEY,
+    MARK_TTL_S,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +41,7 @@ def presence_step(host: str) -> type[bootsteps.StartStopStep]:
         def __init__(self, parent: Any, **kwargs: Any) -> None:
             super().__init__(parent, **kwargs)
             self.key = HOST_ALIVE_KEY.format(host=host)
+            self.seen_key = HOST_SEEN_KEY.format(host=host)
             self.client: redis.Redis | None = None
             self.tref: Any = None
 
@@ -48,7 +56,10 @@ def presence_step(host: str) -> type[bootsteps.StartStopStep]:
         def beat(self) -> None:
             assert self.client is not None
             try:
-                self.client.set(self.key, "1", ex=HOST_ALIVE_TTL_S)
+                pipe = self.client.pipeline()
+                pipe.set(self.key, "1", ex=HOST_ALIVE_TTL_S)
+                pipe.set(self.seen_key, str(time.time()), ex=MARK_TTL_S)
+                pipe.execute()
             except redis.RedisError as exc:  # the broker restarts or is unreachable: next beat
                 log.warning("host-alive beat missed: %s", exc)
 
@@ -71,3 +82,9 @@ def add_presence(app: Celery, host: str) -> None:
 def host_alive(client: redis.Redis, host: str) -> bool:
     """Whether a worker of ``host`` refreshed its alive key recently."""
     return bool(client.exists(HOST_ALIVE_KEY.format(host=host)))
+
+
+def host_last_seen(client: redis.Redis, host: str) -> float | None:
+    """Wall time of ``host``'s worker's latest beat on this broker; None if never seen."""
+    seen = client.get(HOST_SEEN_KEY.format(host=host))
+    return None if seen is None else float(seen)
