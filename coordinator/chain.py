@@ -7,8 +7,8 @@ signature covers campaign, host, ``seq``, ``prev`` and the digest of the record'
 (the line without its ``chain``). A line is the record's canonical JSON, so its bytes are a
 function of its content and every check reads them as stored. At finalization the coordinator
 signs the log's head (``head.json``: line count, last line's digest, digest of the lost marks,
-environments planned),
-so a removed tail shows; ``campaign.sig`` signs the exact bytes of ``campaign.json`` and
+digest of the host's ``provenance.json``, environments planned), so a removed tail or an edited
+provenance shows; ``campaign.sig`` signs the exact bytes of ``campaign.json`` and
 ``plan.toml`` each time the store writes them.
 """
 
@@ -104,12 +104,13 @@ class Head:
     last: str  # digest of the last line (the genesis digest for an empty log)
     lost: str | None  # digest of lost.jsonl, None if there is none
     planned: int  # environments planned for the host when it was finalized
+    provenance: str | None = None  # digest of provenance.json, None if there is none
 
     def body(self) -> dict[str, Any]:
         """The signed fields."""
         return {"campaign": self.campaign, "host": self.host, "count": self.count,
                 "last": self.last, "lost": self.lost, "planned": self.planned,
-                "format": CHAIN_FORMAT}  # fmt: skip
+                "provenance": self.provenance, "format": CHAIN_FORMAT}  # fmt: skip
 
 
 def head_document(head: Head, key: CoordinatorKey) -> bytes:

@@ -13,7 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from tasks.signing import CoordinatorKey, sha256_hex
 RECORDS_FILE = "records.jsonl"
 RECORDS_LOCK = RECORDS_FILE + ".lock"
 LOST_FILE = "lost.jsonl"
+PROVENANCE_FILE = "provenance.json"
 KEY_PARTS = ("campaign", "host", "mode", "workload", "env_index", "attempt")
 HEAD_BLOCK = 1 << 20  # bytes read at a time when a cold process counts a log's lines
 
@@ -173,16 +174,40 @@ class HostLog:
         return count, sha256_hex(last) if count else None
 
     def seal(self, signer: CoordinatorKey, planned: int) -> Path:
-        """Sign the log's head (line count, last digest, lost marks, the ``planned`` count)."""
+        """Sign the log's head (line count, last digest, lost marks, provenance, the ``planned``
+        count)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_name(RECORDS_LOCK), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            count, last = self._head_now()
-            lost = self.path.with_name(LOST_FILE)
-            head = Head(self.campaign, self.host, count, last or genesis(self.campaign, self.host),
-                        file_digest(lost) if lost.exists() else None, planned)  # fmt: skip
-            doc = head_document(head, signer)
-            target = self.path.with_name(HEAD_FILE)
-            if not target.exists() or target.read_bytes() != doc:  # equal heads: equal bytes
-                write_atomic(target, doc)
+            return self._seal_locked(signer, planned)
+
+    def _seal_locked(self, signer: CoordinatorKey, planned: int) -> Path:
+        """``seal`` with the log's lock held."""
+        count, last = self._head_now()
+        lost, provenance = self.path.with_name(LOST_FILE), self.path.with_name(PROVENANCE_FILE)
+        head = Head(self.campaign, self.host, count, last or genesis(self.campaign, self.host),
+                    file_digest(lost) if lost.exists() else None, planned,
+                    file_digest(provenance) if provenance.exists() else None)  # fmt: skip
+        doc = head_document(head, signer)
+        target = self.path.with_name(HEAD_FILE)
+        if not target.exists() or target.read_bytes() != doc:  # equal heads: equal bytes
+            write_atomic(target, doc)
         return target
+
+    def write_provenance(self, data: bytes, signer: Callable[[], CoordinatorKey]) -> Path:
+        """Replace the host's ``provenance.json``; a log already finalized has its head signed
+        again over the new provenance (a host's last verdicts may come after its last record),
+        with the environments planned that it was finalized with."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        path = self.path.with_name(PROVENANCE_FILE)
+        with open(self.path.with_name(RECORDS_LOCK), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            write_atomic(path, data)
+            head = self.path.with_name(HEAD_FILE)
+            if head.exists():
+                try:
+                    planned = int(json.loads(head.read_bytes())["planned"])
+                except (ValueError, KeyError, TypeError):  # not a head: verify names it
+                    return path
+                self._seal_locked(signer(), planned)
+        return path

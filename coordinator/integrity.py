@@ -4,7 +4,8 @@ Every check reads the files as stored. A record line must be canonical JSON that
 byte for byte; its host signature and the coordinator's chain link are checked over bytes
 derived from that very line. The structure of a host's log (sequence numbers and the digest
 of the previous line) tells a removed, reordered, duplicated or replaced line; the signed head
-tells a removed tail. Each problem is one line naming the environment where one is known.
+tells a removed tail and an edited ``provenance.json`` (it holds the file's digest). Each
+problem is one line naming the environment where one is known.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from coordinator.chain import (
     record_bytes,
     signed_body,
 )
-from coordinator.hostlog import LOST_FILE, file_digest
+from coordinator.hostlog import LOST_FILE, PROVENANCE_FILE, file_digest
 from coordinator.registry import HostRegistry
 from tasks.errors import HostKeyError, RecordRejected
 from tasks.records import SCHEMA_VERSION, EnvironmentRecord
@@ -290,4 +291,24 @@ def check_head(cdir: Path, log: LogCheck, registry: HostRegistry) -> HeadCheck:
     lost = hdir / LOST_FILE
     if (file_digest(lost) if lost.exists() else None) != doc.get("lost"):
         return HeadCheck([f"hosts/{log.host}/{LOST_FILE}: changed after finalization"])
-    return HeadCheck([], count == len(log.lines), planned)
+    problems = _provenance(hdir, doc, log.host)
+    return HeadCheck(problems, not problems and count == len(log.lines), planned)
+
+
+def _provenance(hdir: Path, head: dict[str, Any], host: str) -> list[str]:
+    """Problems of a host's ``provenance.json`` against the digest its signed head holds."""
+    path, name = hdir / PROVENANCE_FILE, f"hosts/{host}/{PROVENANCE_FILE}"
+    actual = file_digest(path) if path.exists() else None
+    if "provenance" not in head:
+        if actual is None:
+            return []
+        return [f"{name}: provenance not covered: the signed head ({HEAD_FILE}) holds no digest "
+                "of it (finalized before heads signed the provenance), so its facts (cpu_model, "
+                "kernel, tools, ...) are unchecked"]  # fmt: skip
+    signed = head["provenance"]
+    if actual == signed:
+        return []
+    what = "missing" if actual is None else "changed after finalization (an edited fact: "
+    what += "" if actual is None else "cpu_model, kernel, tools, ...)"
+    return [f"{name}: provenance {what}: its signed SHA-256 is {signed}, now {actual} "
+            f"({HEAD_FILE})"]  # fmt: skip

@@ -179,7 +179,8 @@ class LocalExecutor:
         done = {r.key() for r in self.records}
         todo = [s for s in self.specs if s.key() not in done]
         result = RunResult(self.campaign_id, len(self.specs), len(self.specs) - len(todo))
-        self._start_provenance()
+        if todo:  # a resume with nothing left to run rewrites nothing (the head covers it)
+            self._start_provenance()
         progress = _progress(console or Console(stderr=True), show_progress)
         with progress:
             task = progress.add_task(

@@ -38,6 +38,7 @@ from pydantic_core import from_json  # about twice as fast as json.loads on reco
 from coordinator.chain import EXPANSION_SIG_FILE, HEAD_FILE, expansion_document
 from coordinator.hostlog import (
     LOST_FILE,
+    PROVENANCE_FILE,
     RECORDS_FILE,
     HostLog,
     file_digest,
@@ -52,7 +53,6 @@ from tasks.signing import CoordinatorKey
 
 CAMPAIGN_FILE = "campaign.json"
 PLAN_FILE = "plan.toml"
-PROVENANCE_FILE = "provenance.json"
 VERIFICATION_FILE = "verification.json"
 LOCK_FILE = ".lock"
 CAMPAIGN_SCHEMA = 1
@@ -296,12 +296,10 @@ class Store:
 
     # --- provenance and verification ------------------------------------------------------------
     def write_provenance(self, campaign_id: str, host: str, facts: dict[str, Any]) -> Path:
-        """Store a host's provenance (replaces an earlier one)."""
-        hdir = self.host_dir(campaign_id, host)
-        hdir.mkdir(parents=True, exist_ok=True)
-        path = hdir / PROVENANCE_FILE
-        write_atomic(path, json.dumps(facts, indent=2, sort_keys=True, default=str) + "\n")
-        return path
+        """Store a host's provenance (replaces an earlier one; a finalized host's signed head
+        is signed again over it)."""
+        text = json.dumps(facts, indent=2, sort_keys=True, default=str) + "\n"
+        return self.host_log(campaign_id, host).write_provenance(text.encode(), lambda: self.signer)
 
     def provenance(self, campaign_id: str, host: str) -> dict[str, Any]:
         """A host's stored provenance, or an empty dict."""
@@ -327,7 +325,8 @@ class Store:
         cdir = self.campaign_dir(campaign_id)
         names = [PLAN_FILE, CAMPAIGN_FILE, EXPANSION_SIG_FILE]
         for host in self._record_hosts(campaign_id):
-            names += [f"hosts/{host}/{n}" for n in (RECORDS_FILE, HEAD_FILE, LOST_FILE)]
+            names += [f"hosts/{host}/{n}"
+                      for n in (RECORDS_FILE, HEAD_FILE, LOST_FILE, PROVENANCE_FILE)]  # fmt: skip
         return {n: file_digest(cdir / n) for n in names if (cdir / n).exists()}
 
     def verification_status(self, campaign_id: str) -> str:

@@ -49,7 +49,7 @@ modes = ["native"]
 sentinel = false
 """
 RAW = ("plan.toml", "campaign.json", "campaign.sig", "hosts/*/records.jsonl",
-       "hosts/*/head.json", "hosts/*/lost.jsonl")  # fmt: skip
+       "hosts/*/head.json", "hosts/*/lost.jsonl", "hosts/*/provenance.json")  # fmt: skip
 RUN_TIMEOUT_S = 300
 
 
@@ -286,6 +286,15 @@ def _unseal_and_truncate(cdir: Path, other: Path) -> list[tuple[str, str | None]
     return []  # no line to blame: the campaign is incomplete, never verified
 
 
+def _edit_provenance(cdir: Path, other: Path) -> list[tuple[str, str | None]]:
+    path = cdir / "hosts" / HOST / "provenance.json"
+    facts = json.loads(path.read_bytes())
+    assert facts["cpu_model"], facts
+    facts["cpu_model"] = "a faster CPU than it ran on"
+    path.write_text(json.dumps(facts, indent=2, sort_keys=True) + "\n")
+    return [(f"hosts/{HOST}/provenance.json: provenance changed after finalization", None)]
+
+
 TAMPERINGS: dict[str, Callable[[Path, Path], list[tuple[str, str | None]]]] = {
     "delete": _delete, "truncate": _truncate, "cut-mid-line": _cut_mid_line,
     "reorder": _reorder, "duplicate": _duplicate, "edit-number": _edit_number,
@@ -293,6 +302,7 @@ TAMPERINGS: dict[str, Callable[[Path, Path], list[tuple[str, str | None]]]] = {
     "duplicate-key": _duplicate_key, "old-schema": _old_schema, "superseded": _mark_superseded,
     "edit-campaign-json": _edit_campaign, "edit-plan": _edit_plan, "replay": _replay,
     "replay-appended": _replay_appended, "unseal-and-truncate": _unseal_and_truncate,
+    "edit-provenance": _edit_provenance,
 }  # fmt: skip
 
 
