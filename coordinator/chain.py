@@ -9,7 +9,8 @@ function of its content and every check reads them as stored. At finalization th
 signs the log's head (``head.json``: line count, last line's digest, digest of the lost marks,
 digest of the host's ``provenance.json``, environments planned), so a removed tail or an edited
 provenance shows; ``campaign.sig`` signs the exact bytes of ``campaign.json`` and
-``plan.toml`` each time the store writes them.
+``plan.toml`` each time the store writes them; ``verification.json`` signs ``verify``'s verdict
+with the SHA-256 of every file it checked (``coordinator.verdict`` reads it back).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from tasks.signing import CoordinatorKey, canonical_json, sha256_hex
 
 CHAIN_FORMAT = "sandbench-chain/1"
+VERDICT_FORMAT = "sandbench-verdict/1"
 HEAD_FILE = "head.json"
 EXPANSION_SIG_FILE = "campaign.sig"
 SIGNED_FILES = ("campaign.json", "plan.toml")
@@ -128,6 +130,14 @@ def expansion_document(campaign: str, files: dict[str, bytes], key: CoordinatorK
     return json.dumps(signed, indent=1, sort_keys=True).encode() + b"\n"
 
 
+def verdict_document(campaign: str, result: dict[str, Any], key: CoordinatorKey) -> bytes:
+    """``verification.json``'s bytes: ``verify``'s verdict and the digests of every file it
+    checked, for ``campaign``, signed by ``key``."""
+    body = {**result, "campaign": campaign, "format": VERDICT_FORMAT}
+    signed = {**body, "key_id": key.key_id, "ed25519": key.sign(canonical_json(body))}
+    return json.dumps(signed, indent=2, sort_keys=True, ensure_ascii=False).encode() + b"\n"
+
+
 def signed_body(doc: dict[str, Any]) -> bytes:
-    """The bytes a head or expansion document's signature covers."""
+    """The bytes a head, expansion or verdict document's signature covers."""
     return canonical_json({k: v for k, v in doc.items() if k not in ("key_id", "ed25519")})

@@ -17,6 +17,11 @@ when the drift goes the cell's way and ``|log drift| >= MASK_FRACTION * |log rat
 the cell's effect, or more, could be the machine's (``sentinel.drift_masks``). Two modes of one
 campaign share its time (the seeded order interleaves them), so they need no sentinel; two
 campaigns without one say so.
+
+Each side's records are verified or not as ``report`` says (``coordinator.verdict``: the last
+``verify``'s signed verdict over the bytes as they stand). Both sides' verdicts are stated; when
+a side is not verified no cell gets a verdict (faster, slower, no difference): its ratio is
+shown, marked ``unverified``.
 """
 
 from __future__ import annotations
@@ -36,8 +41,10 @@ from coordinator.analysis import (
     percentile_interval,
     resample_medians,
 )
+from coordinator.registry import HostRegistry
 from coordinator.report import analyze_stored, flatten_facts
 from coordinator.store import CAMPAIGN_FILE, Store
+from coordinator.verdict import Verdict, verdict_of
 from coordinator.views import CampaignView
 from tasks.errors import SandbenchError
 
@@ -45,6 +52,7 @@ FASTER, SLOWER = "faster", "slower"
 SAME = "no significant difference"
 EXPLORATORY = "exploratory"
 WITHHELD = "withheld"
+UNVERIFIED = "unverified"
 SAME_WORK = ("scale", "rounds")  # plan fields that set what one environment does
 NOTED_PLAN = ("environments", "limit_s", "quota", "vm", "seed")
 NOTED_FACTS = ("cpu_model", "cores", "memory_bytes", "kernel", "os", "cgroup", "harness.commit",
@@ -73,6 +81,7 @@ class Side:
     signers: dict[str, set[str]]  # host -> key ids that signed its records
     provenance: dict[str, dict[str, Any]]  # host -> provenance facts
     mode: str | None = None
+    verdict: Verdict = Verdict(False, "not verified yet")  # its records' (coordinator.verdict)
 
     def table(self, host: str, cohort: str) -> HostTables | None:
         """This side's tables of one host and cohort."""
@@ -128,6 +137,9 @@ class Comparison:
     drifts: dict[str, Drift] = field(default_factory=dict)  # host -> the machine's shift B / A
     sentinel: dict[str, list[sentinel.SentinelRatio]] = field(default_factory=dict)  # host ->
     no_sentinel: list[str] = field(default_factory=list)  # hosts with no sentinel on a side
+    records_a: str = ""  # side A's records: "verified (...)" or why not
+    records_b: str = ""
+    no_verdict: str = ""  # why no cell has a verdict (a side's records are not verified)
 
 
 def parse_side(text: str) -> tuple[str, str | None]:
@@ -138,8 +150,9 @@ def parse_side(text: str) -> tuple[str, str | None]:
     return text, None
 
 
-def load_side(store: Store, text: str) -> Side:
-    """The side named ``text`` (a campaign id in ``store`` or a campaign directory, ``:MODE``)."""
+def load_side(store: Store, text: str, registry: HostRegistry | None = None) -> Side:
+    """The side named ``text`` (a campaign id in ``store`` or a campaign directory, ``:MODE``);
+    ``registry`` says whose signed verdict on its records counts (default this machine's)."""
     ident, mode = parse_side(text)
     path = Path(ident)
     if (path / CAMPAIGN_FILE).is_file():  # a campaign directory, e.g. copied from another lab
@@ -152,7 +165,8 @@ def load_side(store: Store, text: str) -> Side:
         if r.signature is not None:
             signers.setdefault(r.host, set()).add(r.signature.key_id)
     provenance = {t.host: store.provenance(ident, t.host) for t in analysis.tables}
-    side = Side(text, campaign, analysis, signers, provenance, mode)
+    side = Side(text, campaign, analysis, signers, provenance, mode,
+                verdict_of(store, ident, registry))  # fmt: skip
     modes = {str(m) for t in analysis.tables for m in t.cells["mode"]}
     if mode is not None and mode not in modes:
         raise CompareRefused(f"{text}: campaign {ident} has no mode '{mode}' "
@@ -190,7 +204,8 @@ def compare(a: Side, b: Side) -> Comparison:
         raise CompareRefused("name a mode on both sides (ID:MODE ID:MODE) or on neither")
     pairs = host_pairs(a, b)
     _check_same_work(a, b)
-    out = Comparison(a.label, b.label, notes=_notes(a, b, pairs))
+    out = Comparison(a.label, b.label, notes=_notes(a, b, pairs),
+                     records_a=records_text(a), records_b=records_text(b))  # fmt: skip
     seed = (int(a.campaign.plan.get("seed", 0)), int(b.campaign.plan.get("seed", 0)))
     for host, cohort in pairs:
         ta, tb = a.table(host, cohort), b.table(host, cohort)
@@ -198,7 +213,24 @@ def compare(a: Side, b: Side) -> Comparison:
         if a.campaign.id != b.campaign.id:  # one campaign's modes share its time: no drift
             _measure_drift(out, a, b, host, cohort)
         _compare_host(out, (a, ta), (b, tb), seed)
+    _refuse_unverified(out, a, b)
     return out
+
+
+def records_text(side: Side) -> str:
+    """``verified (...)`` or ``unverified: why`` for one side's records."""
+    return side.verdict.text if side.verdict.verified else f"unverified: {side.verdict.why}"
+
+
+def _refuse_unverified(out: Comparison, a: Side, b: Side) -> None:
+    """No verdict for any cell when a side's records are not verified: the ratio, marked."""
+    unverified = [f"{name} ({s.label}) is {records_text(s)}"
+                  for name, s in (("A", a), ("B", b)) if not s.verdict.verified]  # fmt: skip
+    if not unverified:
+        return
+    why = out.no_verdict = "no verdict: " + "; ".join(unverified)
+    for cell in out.cells:
+        cell.verdict, cell.why = UNVERIFIED, f"{why} (the verdict would be: {cell.verdict})"
 
 
 def _measure_drift(out: Comparison, a: Side, b: Side, host: str, cohort: str) -> None:

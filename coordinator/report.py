@@ -18,9 +18,11 @@ import pandas as pd
 from coordinator import plots
 from coordinator.analysis import CELL_COLUMNS, Analysis, HostTables, analyze
 from coordinator.campaign import format_size
+from coordinator.registry import HostRegistry
 from coordinator.sentinel import SentinelTable
 from coordinator.store import Campaign, Store
 from coordinator.units import MISSING, UNIT_RULE, Unit, duration, fmt, unit_for
+from coordinator.verdict import verdict_of
 from coordinator.views import CampaignView, record_views
 from tasks.names import check_name
 from workloads.registry import WORKLOADS
@@ -279,11 +281,12 @@ def host_blocks(
 
 
 def campaign_blocks(
-    store: Store, campaign: Campaign | CampaignView, analysis: Analysis, plot_dir: Path
-) -> list[Block]:
+    store: Store, campaign: Campaign | CampaignView, analysis: Analysis, plot_dir: Path,
+    registry: HostRegistry | None = None,
+) -> list[Block]:  # fmt: skip
     """Every section of the report, host by host."""
     plan = campaign.plan
-    status = store.verification_status(campaign.id)  # the last verify's, if of these bytes
+    status = verdict_of(store, campaign.id, registry).text  # the last verify's, signed, current
     blocks: list[Block] = [
         ("h1", f"sandbench campaign {campaign.id}"),
         ("p", f"Plan '{plan.get('name')}', cohort {plan.get('cohort')}, seed {plan.get('seed')}, "
@@ -445,15 +448,20 @@ def analyze_stored(store: Store, campaign: Campaign | CampaignView) -> tuple[Ana
     return analyze(records, campaign), records
 
 
-def write_report(store: Store, campaign_id: str) -> dict[str, Any]:
-    """Rebuild every derived file of a campaign from its raw records; returns their paths."""
+def write_report(
+    store: Store, campaign_id: str, registry: HostRegistry | None = None
+) -> dict[str, Any]:
+    """Rebuild every derived file of a campaign from its raw records; returns their paths.
+
+    ``registry``: whose coordinator keys may sign the verdict it shows (default this machine's).
+    """
     campaign = store.campaign_view(campaign_id)
     analysis, _ = analyze_stored(store, campaign)
     for host in sorted({t.host for t in analysis.tables}):  # a bad one stops it, nothing written
         store.provenance(campaign_id, host)
     root = store.campaign_dir(campaign_id)
     csvs = write_results_csv(store, campaign_id, analysis)
-    blocks = campaign_blocks(store, campaign, analysis, root / "plots")
+    blocks = campaign_blocks(store, campaign, analysis, root / "plots", registry)
     (root / "report.md").write_text(to_markdown(blocks, root))
     (root / "report.html").write_text(to_html(blocks))
     plot_files = sorted(p.path for kind, p in blocks if kind == "plot" and p.path is not None)

@@ -35,7 +35,7 @@ import msgspec
 from pydantic import ValidationError
 from pydantic_core import from_json  # about twice as fast as json.loads on records
 
-from coordinator.chain import EXPANSION_SIG_FILE, HEAD_FILE, expansion_document
+from coordinator.chain import EXPANSION_SIG_FILE, HEAD_FILE, expansion_document, verdict_document
 from coordinator.hostlog import (
     LOST_FILE,
     PROVENANCE_FILE,
@@ -309,9 +309,10 @@ class Store:
         return _json_object(path, "restore it, or remove it to go on without this provenance")
 
     def write_verification(self, campaign_id: str, result: dict[str, Any]) -> None:
-        """Store the outcome of the last ``verify`` (derived; rebuilt by every verify)."""
+        """Store the outcome of the last ``verify``, signed by this store's coordinator key
+        (derived; rebuilt by every verify; ``coordinator.verdict`` checks it)."""
         path = self.campaign_dir(campaign_id) / VERIFICATION_FILE
-        write_atomic(path, json.dumps(result, indent=2, sort_keys=True) + "\n")
+        write_atomic(path, verdict_document(campaign_id, result, self.signer))
 
     def verification(self, campaign_id: str) -> dict[str, Any] | None:
         """The outcome of the last ``verify``, if any (StoreError if it is not readable)."""
@@ -319,6 +320,10 @@ class Store:
         if not path.exists():
             return None
         return _json_object(path, f"run 'sandbench verify {campaign_id}' to rebuild it")
+
+    def signer_if_loaded(self) -> CoordinatorKey | None:
+        """The coordinator key this store signs with, if it was given or loaded (none made)."""
+        return self._signer
 
     def raw_digests(self, campaign_id: str) -> dict[str, str]:
         """SHA-256 of every file ``verify`` checks (the raw ones), by path in the campaign."""
@@ -328,24 +333,6 @@ class Store:
             names += [f"hosts/{host}/{n}"
                       for n in (RECORDS_FILE, HEAD_FILE, LOST_FILE, PROVENANCE_FILE)]  # fmt: skip
         return {n: file_digest(cdir / n) for n in names if (cdir / n).exists()}
-
-    def verification_status(self, campaign_id: str) -> str:
-        """The last ``verify``'s verdict if it checked these very bytes, else why not."""
-        try:
-            verified = self.verification(campaign_id)
-        except StoreError:  # derived: verify writes it again
-            return (
-                f"unverified: {VERIFICATION_FILE} is unreadable (run 'sandbench verify "
-                f"{campaign_id}')"
-            )
-        if verified is None or "digests" not in verified:
-            return f"not verified yet (run 'sandbench verify {campaign_id}')"
-        now, then = self.raw_digests(campaign_id), verified["digests"]
-        changed = sorted(n for n in now.keys() | then.keys() if now.get(n) != then.get(n))
-        if changed:
-            return (f"unverified: {', '.join(changed[:3])} changed since the last verify (run "
-                    f"'sandbench verify {campaign_id}')")  # fmt: skip
-        return str(verified.get("verdict") or ("verified" if verified.get("ok") else "UNVERIFIED"))
 
     # --- records ---------------------------------------------------------------------------------
     def host_log(self, campaign_id: str, host: str) -> HostLog:

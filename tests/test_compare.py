@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,9 +75,11 @@ class Campaigns:
         self.ids[key] = _campaign_id(self.lab.sandbench("run", str(plan), *args).stdout)
 
     def compare(self, a: str, b: str, *extra: str, check: int = 0) -> str:
-        """Output of `sandbench compare` (sides named by key, ``key:mode`` for one mode)."""
+        """Output of `sandbench compare` (sides named by key, ``key:mode`` for one mode), with
+        the registry that trusts the coordinator key whose verdict `run` signed."""
         out = self.lab.sandbench("compare", self._side(a), self._side(b), "--data",
-                                 str(self.lab.data), *extra, check=check)  # fmt: skip
+                                 str(self.lab.data), "--registry", str(self.lab.registry),
+                                 *extra, check=check)  # fmt: skip
         return out.stdout + out.stderr
 
     def json(self, a: str, b: str) -> dict[str, Any]:
@@ -194,12 +198,52 @@ def test_html_page_and_campaign_directory(campaigns: Campaigns, tmp_path: Path) 
     page = tmp_path / "compare.html"
     a, b = f"{campaigns.ids['A']}:native", f"{copy}:slow-sync"
     out = campaigns.lab.sandbench("compare", a, b, "--data", str(campaigns.lab.data),
+                                  "--registry", str(campaigns.lab.registry),
                                   "--html", str(page))  # fmt: skip
     assert f"wrote {page}" in out.stdout
     text = page.read_text()
     assert "<table>" in text and "<svg" in text and "Ratio B / A: host lab-test" in text
     assert "<script" not in text and " src=" not in text and "<link" not in text
     assert ">slower<" in text
+
+
+def test_each_side_states_its_verdict_and_an_unverified_side_gets_none(
+    campaigns: Campaigns, tmp_path: Path
+) -> None:
+    """Both sides verified: each says so and the cells have verdicts. B copied with a record
+    edited and its new SHA-256 written into verification.json: B is unverified (the verdict's
+    signature), no cell gets a verdict, each ratio is still shown, marked unverified."""
+    text = campaigns.compare("A:native", "A:slow-sync")
+    assert "records of A: verified (" in text and "records of B: verified (" in text, text
+    copy = tmp_path / "elsewhere" / campaigns.ids["B"]
+    shutil.copytree(campaigns.lab.data / campaigns.ids["B"], copy)
+    records = copy / "hosts" / "lab-test" / "records.jsonl"
+    lines = records.read_bytes().splitlines()
+    i = next(n for n, line in enumerate(lines) if b'"outcome":"passed"' in line)
+    edited = re.sub(rb'"task_s":\d', b'"task_s":9', lines[i], count=1)
+    assert edited != lines[i], lines[i]
+    lines[i] = edited
+    records.write_bytes(b"\n".join(lines) + b"\n")
+    doc = json.loads((copy / "verification.json").read_bytes())
+    doc["digests"]["hosts/lab-test/records.jsonl"] = hashlib.sha256(
+        records.read_bytes()).hexdigest()  # fmt: skip
+    (copy / "verification.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    out = campaigns.lab.sandbench("compare", campaigns.ids["A"], str(copy), "--data",
+                                  str(campaigns.lab.data), "--registry",
+                                  str(campaigns.lab.registry), "--json")  # fmt: skip
+    result = json.loads(out.stdout)
+    assert result["records_a"].startswith("verified ("), result["records_a"]
+    assert result["records_b"].startswith("unverified: verification.json: bad coordinator "
+                                          "signature"), result["records_b"]  # fmt: skip
+    assert result["cells"] and all(x["verdict"] == "unverified" for x in result["cells"])
+    for x in result["cells"]:
+        assert x["ratio"] > 0 and f"B ({copy}) is unverified: verification.json" in x["why"], x
+    shown = campaigns.lab.sandbench("compare", campaigns.ids["A"], str(copy), "--data",
+                                    str(campaigns.lab.data), "--registry",
+                                    str(campaigns.lab.registry)).stdout  # fmt: skip
+    assert "records of B: unverified: verification.json: bad coordinator signature" in shown
+    assert "unverified: no verdict: B (" in shown and SAME not in shown, shown
+    assert not re.search(r"│ (faster|slower|withheld) +│", shown), shown
 
 
 def test_a_campaign_without_sentinel_is_said_so(campaigns: Campaigns) -> None:

@@ -8,6 +8,7 @@ while verify and report leave every raw file of the store byte for byte as it wa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -336,6 +337,32 @@ def test_report_of_changed_bytes_is_unverified_and_run_exits_1(
     assert resumed.returncode == 1, resumed.stdout + resumed.stderr
     assert "records: UNVERIFIED (1 problems in 6 records)" in resumed.stdout, resumed.stdout
     assert raw_files(cdir) == before
+
+
+def test_a_forged_verdict_is_not_shown_as_verified(
+    lab: tuple[Lab, str, str], tmp_path: Path
+) -> None:
+    """Edited records with their new SHA-256 written into verification.json (or an unsigned
+    verdict): report says unverified, naming verification.json's signature, never verified."""
+    lb, cid, _ = lab
+    data, cdir = copy_of(lb, cid, tmp_path)
+    assert lb.verify(data, cid).returncode == 0
+    _edit_number(cdir, cdir)
+    path = cdir / "verification.json"
+    doc = json.loads(path.read_bytes())
+    name = f"hosts/{HOST}/records.jsonl"
+    doc["digests"][name] = hashlib.sha256(records_path(cdir).read_bytes()).hexdigest()
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    report = lb.sandbench("report", cid, "--data", str(data), "--quiet")
+    forged = "records: unverified: verification.json: bad coordinator signature"
+    assert report.returncode == 0 and forged in report.stdout, report.stdout + report.stderr
+    assert forged in (cdir / "report.md").read_text()
+    assert "records: verified" not in (cdir / "report.md").read_text() + report.stdout
+    for field in ("key_id", "ed25519"):  # a verdict as an older verify wrote it: unsigned
+        doc.pop(field)
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    report = lb.sandbench("report", cid, "--data", str(data), "--quiet")
+    assert "records: unverified: verification.json: not signed" in report.stdout, report.stdout
 
 
 def test_a_copy_verifies_elsewhere_once_its_keys_are_registered(

@@ -34,6 +34,7 @@ from coordinator.registry import HostRegistry
 from coordinator.report import TASK_UNIT, cell_table, startup_table, write_report
 from coordinator.report import Table as ReportTable
 from coordinator.store import Store
+from coordinator.verdict import verdict_of
 from tasks.errors import PlanError
 from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.signing import COORDINATOR_KEY_FILE, default_coordinator_key_path
@@ -205,22 +206,25 @@ def run_command(
 @click.command("report")
 @click.argument("campaign_id")
 @DATA_OPTION
+@REGISTRY_OPTION
 @click.option("--quiet", is_flag=True, help="Print only the paths written.")
-def report_command(campaign_id: str, data_dir: Path, quiet: bool) -> None:
+def report_command(campaign_id: str, data_dir: Path, registry_path: Path | None,
+                   quiet: bool) -> None:  # fmt: skip
     """Rebuild results.csv, plots, report.md and report.html from the raw records."""
-    store = Store(data_dir)
-    paths = write_report(store, campaign_id)
+    store, registry = Store(data_dir), HostRegistry(registry_path)
+    paths = write_report(store, campaign_id, registry)
     if not quiet:
         print_tables(
             paths["analysis"], Console(width=160) if not sys.stdout.isatty() else Console()
         )
     for p in [*paths["results"], paths["markdown"], paths["html"]]:
         click.echo(f"wrote {p}")
-    click.echo(f"records: {store.verification_status(campaign_id)}")
+    click.echo(f"records: {verdict_of(store, campaign_id, registry).text}")
 
 
 def verify_and_mark(store: Store, campaign_id: str, registry: HostRegistry) -> Verification:
-    """Verify a campaign and store the verdict with the digests of the bytes it checked."""
+    """Verify a campaign and store the verdict with the digests of the bytes it checked, signed
+    by the store's coordinator key."""
     checked = verify_campaign(store, campaign_id, registry)
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     store.write_verification(campaign_id, checked.as_json(now))
@@ -234,7 +238,7 @@ def verify_and_mark(store: Store, campaign_id: str, registry: HostRegistry) -> V
 def verify_command(campaign_id: str, data_dir: Path, registry_path: Path | None) -> None:
     """Check the campaign's bytes (signatures, hash chains, heads, expansion), its completeness
     and the first-failure rule; exit 1 unless verified."""
-    store = Store(data_dir)
+    store = Store(data_dir)  # its signer, this machine's coordinator key, signs the verdict
     store.existing_campaign_dir(campaign_id)  # a missing campaign is bad input, not a verdict
     checked = verify_and_mark(store, campaign_id, HostRegistry(registry_path))
     for p in checked.problems:

@@ -3,6 +3,8 @@
 Output: a terminal table (default), ``--json``, ``--csv`` (both on stdout, durations in
 seconds) and ``--html FILE`` (a self-contained page: tables, a ratio figure, what was not
 compared). A refused comparison (cohorts, hosts, different work) exits 2 with the reason.
+Each side's records are stated verified or ``unverified: why``; with a side unverified no cell
+gets a verdict, its ratio is marked ``unverified``.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import click
 from rich.console import Console
 
 from coordinator import plots
-from coordinator.cli.campaign import DATA_OPTION, print_report_table
-from coordinator.compare import EXPLORATORY, Cell, Comparison, compare, load_side
+from coordinator.cli.campaign import DATA_OPTION, REGISTRY_OPTION, print_report_table
+from coordinator.compare import EXPLORATORY, UNVERIFIED, Cell, Comparison, compare, load_side
+from coordinator.registry import HostRegistry
 from coordinator.report import Block, Table, to_html
 from coordinator.sentinel import MASK_FRACTION
 from coordinator.store import Store
@@ -70,7 +73,8 @@ def header_lines(c: Comparison) -> list[str]:
     """What is compared with what, how, and what else differs."""
     lines = [f"A = {c.a}; B = {c.b}; {RATIO_TEXT}",
              "per cell complete on both sides; both N >= 10: bootstrap 95% interval of the ratio "
-             "and a verdict; otherwise exploratory (the ratio alone)"]  # fmt: skip
+             "and a verdict; otherwise exploratory (the ratio alone)",
+             f"records of A: {c.records_a}", f"records of B: {c.records_b}"]  # fmt: skip
     for host, found in c.sentinel.items():
         shown = ", ".join(
             f"{r.workload} {r.ratio:.3g}x ({duration(r.median_a)} -> "
@@ -128,20 +132,21 @@ def html_blocks(c: Comparison) -> list[Block]:
 @click.argument("side_a", metavar="A")
 @click.argument("side_b", metavar="B")
 @DATA_OPTION
+@REGISTRY_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print one CSV row per cell.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write a self-contained HTML page.")  # fmt: skip
-def compare_command(side_a: str, side_b: str, data_dir: Path, as_json: bool, as_csv: bool,
-                    html_path: Path | None) -> None:  # fmt: skip
+def compare_command(side_a: str, side_b: str, data_dir: Path, registry_path: Path | None,
+                    as_json: bool, as_csv: bool, html_path: Path | None) -> None:  # fmt: skip
     """Compare B with A per host and cell: medians, ratio B / A, interval and verdict.
 
     A and B are campaign ids (or campaign directories), or ID:MODE for one mode of a campaign.
     """
     if as_json and as_csv:
         raise click.UsageError("--json and --csv print to stdout: give one of them")
-    store = Store(data_dir)
-    result = compare(load_side(store, side_a), load_side(store, side_b))
+    store, registry = Store(data_dir), HostRegistry(registry_path)
+    result = compare(load_side(store, side_a, registry), load_side(store, side_b, registry))
     if html_path is not None:
         html_path.write_text(to_html(html_blocks(result)))
     if as_json:
@@ -163,6 +168,8 @@ def _print(c: Comparison) -> None:
         print_report_table(table, console)
         if any(x.verdict == EXPLORATORY for x in cells):
             click.echo("exploratory: N < 10 on a side; the ratio alone, no interval, no verdict")
+        if any(x.verdict == UNVERIFIED for x in cells):
+            click.echo(f"unverified: {c.no_verdict}; the ratio as measured")
     if not c.cells and not c.excluded:
         click.echo("no cell is present on both sides")
 
