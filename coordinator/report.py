@@ -24,6 +24,7 @@ from coordinator.store import Campaign, Store
 from coordinator.units import MISSING, UNIT_RULE, Unit, duration, fmt, unit_for
 from coordinator.verdict import verdict_of
 from coordinator.views import CampaignView, record_views
+from tasks.errors import SandbenchError, StoreError
 from tasks.names import check_name
 from workloads.registry import WORKLOADS
 
@@ -454,7 +455,41 @@ def write_report(
     """Rebuild every derived file of a campaign from its raw records; returns their paths.
 
     ``registry``: whose coordinator keys may sign the verdict it shows (default this machine's).
+    A campaign it refuses (``StoreError``: a line that is no record, a file that is not JSON)
+    keeps no earlier report.md or report.html: they are replaced by a note saying why, and the
+    error says so.
     """
+    try:
+        return _write_report(store, campaign_id, registry)
+    except StoreError as exc:
+        if not _replace_refused(store, campaign_id, str(exc)):
+            raise
+        raise StoreError(f"{exc}; the earlier report.md and report.html now say only that no "
+                         "report could be built, and why") from exc  # fmt: skip
+
+
+def _replace_refused(store: Store, campaign_id: str, why: str) -> bool:
+    """Replace a refused campaign's existing report.md and report.html by a note saying why no
+    report was built (none is written where there was none); whether any was replaced."""
+    try:
+        root = store.campaign_dir(campaign_id)
+    except SandbenchError:
+        return False
+    pages = [root / name for name in ("report.md", "report.html") if (root / name).is_file()]
+    blocks: list[Block] = [
+        ("h1", f"sandbench campaign {campaign_id}: no report"),
+        ("p", f"The report could not be built: {why}. An earlier report was here; it is gone "
+              "because what it showed is no longer what the store holds. Nothing in this file "
+              f"is a result or a verdict: run 'sandbench verify {campaign_id}' to see every "
+              "problem."),
+    ]  # fmt: skip
+    for page in pages:
+        page.write_text(to_markdown(blocks, root) if page.suffix == ".md" else to_html(blocks))
+    return bool(pages)
+
+
+def _write_report(store: Store, campaign_id: str, registry: HostRegistry | None) -> dict[str, Any]:
+    """``write_report`` of a campaign the store can read."""
     campaign = store.campaign_view(campaign_id)
     analysis, _ = analyze_stored(store, campaign)
     for host in sorted({t.host for t in analysis.tables}):  # a bad one stops it, nothing written

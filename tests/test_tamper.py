@@ -365,6 +365,26 @@ def test_a_forged_verdict_is_not_shown_as_verified(
     assert "records: unverified: verification.json: not signed" in report.stdout, report.stdout
 
 
+def test_a_refused_report_replaces_the_stale_one(lab: tuple[Lab, str, str], tmp_path: Path) -> None:
+    """A verified report on disk, then a line that is no record: report exits 2, says on stderr
+    that report.md and report.html were replaced, and neither says verified any more."""
+    lb, cid, _ = lab
+    data, cdir = copy_of(lb, cid, tmp_path)
+    assert lb.verify(data, cid).returncode == 0
+    built = lb.sandbench("report", cid, "--data", str(data), "--quiet")
+    assert "records: verified" in (cdir / "report.md").read_text(), built.stdout + built.stderr
+    with open(records_path(cdir), "ab") as f:
+        f.write(b"not a record\n")
+    report = lb.sandbench("report", cid, "--data", str(data), "--quiet")
+    assert report.returncode == 2 and len(report.stderr.splitlines()) == 1, report.stderr
+    assert "line 7: not a valid record" in report.stderr, report.stderr
+    assert "the earlier report.md and report.html now say only that no report" in report.stderr
+    for page in ("report.md", "report.html"):
+        text = (cdir / page).read_text()
+        assert "verified" not in text.replace(f"sandbench verify {cid}", ""), text
+        assert "no report" in text and "line 7: not a valid record" in text, text
+
+
 def test_a_copy_verifies_elsewhere_once_its_keys_are_registered(
     lab: tuple[Lab, str, str], tmp_path: Path
 ) -> None:
