@@ -1,4 +1,5 @@
-"""Inside the cgroup v2 lab host: the docker mode (private dockerd) and a small campaign.
+"""Inside the cgroup v2 lab host: the docker and docker-gvisor modes (private dockerd) and a small
+campaign.
 
 Run by ``tests/test_v2host.py`` in one boot of ``ops/v2-host.sh`` (delegated placement); not
 collected on the host (its name is not ``test_*``).
@@ -166,3 +167,41 @@ def test_small_campaign_completes_and_verifies(dockerd: Dockerd, tmp_path: Path)
         capture_output=True, text=True, timeout=CAMPAIGN_TIMEOUT_S,
     )  # fmt: skip
     assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
+
+
+def test_docker_gvisor_passes_and_its_oom_is_seen(dockerd: Dockerd, tmp_path: Path) -> None:
+    """docker-gvisor on v2: a workload passes with runsc as the runtime; a 3 GiB allocation in
+    the sandbox is killed under the 2 GiB quota, seen by docker or the environment's cgroup."""
+    from tests.test_docker_mode import ALLOCATING_PROBE
+    from worker.modes.docker_gvisor import DockerGvisorMode
+
+    work = tmp_path / "work"
+    work.mkdir()
+    record = run(spec(work, mode="docker-gvisor", campaign="v2dgvisor"))
+    assert record.outcome == "passed", (record.reason, record.detail)
+    assert record.provenance["preflight"]["runtime"] == "runsc"
+    probe = tmp_path / "payload" / "probe.py"
+    probe.parent.mkdir()
+    probe.write_text(ALLOCATING_PROBE)
+    for name in ("ws", "env"):
+        (tmp_path / name).mkdir()
+    quota = Quota()
+    env_spec = spec(tmp_path, mode="docker-gvisor")
+    room = quota.model_copy(update={"memory_bytes": quota.memory_bytes + CLIENT_MEMORY_BYTES})
+    cgroup = cgroups.create(cgroups.cgroup_name(env_spec.key()), room)
+    env = EnvContext(env_spec, tmp_path / "ws", tmp_path / "env", cgroup.path, payload=probe)
+    mode = DockerGvisorMode(dockerd)
+    try:
+        mode.prepare(env)
+        proc = subprocess.run(
+            mode.launcher(env), input=b"go\n", capture_output=True, timeout=300,
+            preexec_fn=cgroup.preexec(), start_new_session=True,
+        )  # fmt: skip
+        cgroup.close_preexec()
+        killed = mode.oom_killed(env) or cgroup.oom_killed()
+    finally:
+        mode.cleanup(env)
+        cgroup.remove()
+    assert proc.returncode != 0 and b"allocated" not in proc.stdout, proc.stdout
+    assert killed
+    assert dockerd.run("ps", "--all", "--quiet").strip() == ""
