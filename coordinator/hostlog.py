@@ -40,7 +40,11 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except OSError:  # e.g. a directory where the file goes: no stray .tmp left beside it
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def sync_file(path: Path) -> None:

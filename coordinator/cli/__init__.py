@@ -25,6 +25,12 @@ class _Main(click.Group):
         except SandbenchError as exc:
             click.echo(f"sandbench: error: {exc}", err=True)
             sys.exit(2)
+        except (IsADirectoryError, NotADirectoryError) as exc:  # a damaged store or a wrong path
+            kind = "is a directory" if isinstance(exc, IsADirectoryError) else (
+                "has a file where a directory belongs")  # fmt: skip
+            click.echo(f"sandbench: error: {exc.filename}: {kind} (damaged or wrong path)",
+                       err=True)  # fmt: skip
+            sys.exit(2)
 
 
 @click.group(cls=_Main)
