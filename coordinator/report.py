@@ -242,6 +242,36 @@ def sentinel_blocks(s: SentinelTable | None, every: int, stem: Path) -> list[Blo
     return blocks
 
 
+# What each mode ran on a host, named next to the mode (the provenance's preflight facts): the
+# runtime and its version, platform and flags, the accelerator, the workspace's transport.
+MODE_FACTS = (
+    "runtime", "runsc", "platform", "runsc_flags", "nsjail", "bwrap", "dockerd_version",
+    "cgroup_driver", "accel", "machine", "workspace", "virtiofsd", "virtiofs_cache",
+)  # fmt: skip
+
+
+def mode_summary(facts: dict[str, Any]) -> str:
+    """One line of what a mode ran here, or why it did not run."""
+    if not facts.get("ok", True):
+        return f"preflight failed: {facts.get('reason', '')}"
+    shown = [_fact(key, str(facts[key])) for key in MODE_FACTS if facts.get(key) not in (None, "")]
+    return "; ".join(shown) or "-"
+
+
+def _fact(key: str, value: str) -> str:
+    """``key value``, without the key twice (``runsc version 0.0`` stays as it is)."""
+    return value if value.startswith(f"{key} ") else f"{key} {value}"
+
+
+def modes_table(provenance: dict[str, Any], modes: list[str]) -> Table:
+    """The host's modes with what each ran (runsc version, platform and flags; accelerator...)."""
+    known = provenance.get("modes") or {}
+    rows: list[list[str | tuple[str, int]]] = [
+        [m, mode_summary(known[m]) if m in known else "no preflight recorded"] for m in modes
+    ]
+    return Table("Modes on this host", ["mode", "what ran"], rows)
+
+
 def host_blocks(
     t: HostTables,
     provenance: dict[str, Any],
@@ -252,6 +282,8 @@ def host_blocks(
     g = _sections(t)
     slug = f"{check_name(t.host, 'host')}-{check_name(t.cohort, 'cohort')}"  # file names
     blocks: list[Block] = [("h2", f"Host {t.host}, cohort {t.cohort}")]
+    modes = list(dict.fromkeys(str(m) for m in t.cells["mode"])) if len(t.cells) else []
+    blocks += [("table", modes_table(provenance, modes))]
     for name, title in SECTION_TITLES.items():
         workloads = g[name]
         table = cell_table(t, workloads, TASK_UNIT)

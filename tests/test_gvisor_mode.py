@@ -280,3 +280,23 @@ def test_kvm_platform_where_kvm_does_not_work_fails_preflight() -> None:
         "sandbench-gvisor-" in " ".join(p.info["cmdline"] or [])
         for p in psutil.process_iter(["cmdline"])
     )
+
+
+def test_report_names_runsc_version_platform_and_flags_next_to_the_mode(tmp_path: Path) -> None:
+    """A campaign's report names, next to the gvisor mode, the runsc version, the platform and
+    the flags it ran with (the host's provenance)."""
+    require_runsc()
+    plan = tmp_path / "plan.toml"
+    plan.write_text('name = "gv"\nmodes = ["gvisor"]\nworkloads = ["publish"]\nenvironments = 1\n'
+                    "scale = 0.02\nsentinel = false\n")  # fmt: skip
+    data, home = tmp_path / "data", tmp_path / "home"
+    argv = [sys.executable, "-m", "coordinator", "run", str(plan), "--data", str(data),
+            "--work-root", str(tmp_path / "work"), "--key", str(home / "host.key"),
+            "--registry", str(home / "hosts.json"), "--no-progress"]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    campaign = done.stdout.strip().splitlines()[-1].removeprefix("campaign: ")
+    report = (data / campaign / "report.md").read_text()
+    (line,) = [ln for ln in report.splitlines() if ln.startswith("| gvisor | runsc")]
+    assert "runsc version 0" in line and "platform ptrace" in line, line
+    assert "--ignore-cgroups" in line and "--overlay2=none" in line, line
