@@ -15,8 +15,9 @@ from workloads.registry import WORKLOADS
 
 def test_each_line_loads_a_mode_of_its_own_name() -> None:
     """Every registry line names a class whose mode carries the line's name."""
-    assert len(BUILTIN_MODES) == len(REGISTRY) == 13
-    assert set(BUILTIN_MODES) >= {"gvisor", "docker-gvisor", "nsjail", "vm-virtiofs"}
+    assert len(BUILTIN_MODES) == len(REGISTRY) == 14
+    new = {"gvisor", "docker-gvisor", "nsjail", "vm-virtiofs", "vm-virtiofs-writeback"}
+    assert set(BUILTIN_MODES) >= new
     for info in REGISTRY:
         assert get_mode(info.name).name == info.name, info.target
 
@@ -70,7 +71,7 @@ def test_the_smoke_preset_gives_guest_booting_modes_the_subset() -> None:
         expected = len(SMOKE_VM_WORKLOADS) if info.boots_guest else len(WORKLOADS)
         assert per_mode[info.name] == expected, info.name
     assert {i.name for i in REGISTRY if i.boots_guest} == {
-        "vm", "vm-writeback", "vm-virtiofs", "vm-disk", "vm-microvm"
+        "vm", "vm-writeback", "vm-virtiofs", "vm-virtiofs-writeback", "vm-disk", "vm-microvm"
     }  # fmt: skip
 
 

@@ -141,6 +141,22 @@ def test_mmap_write_fails_as_documented(root: Path, capsys: pytest.CaptureFixtur
     assert_nothing_left(root)
 
 
+@pytest.mark.parametrize("workload", ["publish", "mmap-write"])
+def test_the_writeback_variant_passes_mmap_write_too(
+    root: Path, workload: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vm-virtiofs-writeback (cache=always with writeback, a guest sync each round) passes
+    publish and the mmap-write that cache=none refuses; nothing is left."""
+    spec = vfs_spec(root, workload).model_copy(update={"mode": "vm-virtiofs-writeback"})
+    record = run_once_more_if_hung(spec, capsys)
+    assert record is not None
+    assert record.outcome == "passed", (record.reason, record.detail)
+    assert record.oracle is not None and record.oracle.ok
+    facts = record.provenance["preflight"]
+    assert (facts["virtiofs_cache"], facts["virtiofs_writeback"]) == ("always", True)
+    assert_nothing_left(root)
+
+
 def test_the_limit_kills_virtiofsd_with_the_guest(root: Path) -> None:
     """A guest that never gets Ready is killed at the limit with its virtiofsd (seen serving
     the workspace while it held); no process, socket, lock file or cgroup is left."""

@@ -56,6 +56,8 @@ REGISTRY = (
              reference=True),
     ModeInfo("vm-virtiofs", "worker.modes.vm:VmVirtiofsMode", boots_guest=True,
              tools=VIRTIOFS_TOOLS),
+    ModeInfo("vm-virtiofs-writeback", "worker.modes.vm:VmVirtiofsWritebackMode", boots_guest=True,
+             tools=VIRTIOFS_TOOLS),
     ModeInfo("vm-disk", "worker.modes.vm:VmDiskMode", boots_guest=True, tools=IMAGE_TOOLS,
              reference=True),
     ModeInfo("vm-microvm", "worker.modes.vm:VmMicrovmMode", boots_guest=True, tools=IMAGE_TOOLS,

@@ -224,12 +224,14 @@ class VmVirtiofsMode(VmMode):
     name = "vm-virtiofs"
     workspace_kind: WorkspaceKind = "virtiofs"
     virtiofs_cache = "none"
+    virtiofs_writeback = False
 
     def _workspace_facts(self) -> dict[str, Any]:
         """virtiofsd's version and the options that shape its caching and threads."""
         return {
             "virtiofsd": virtiofs.version(),
             "virtiofs_cache": self.virtiofs_cache,
+            "virtiofs_writeback": self.virtiofs_writeback,
             "virtiofsd_thread_pool_size": virtiofs.THREAD_POOL_SIZE,
             "virtiofsd_sandbox": virtiofs.SANDBOX,
         }
@@ -256,7 +258,9 @@ class VmVirtiofsMode(VmMode):
         """Serve the workspace with virtiofsd, started by the launcher on a socket of its own."""
         socket = virtiofs.socket_name(env.env_dir.parent.name)
         config.virtiofs_socket = socket
-        config.virtiofsd = virtiofs.daemon_argv(socket, env.workspace, self.virtiofs_cache)
+        config.virtiofsd = virtiofs.daemon_argv(
+            socket, env.workspace, self.virtiofs_cache, self.virtiofs_writeback
+        )
 
     def cleanup(self, env: EnvContext) -> None:
         """The VM modes' cleanup, the daemon's socket and its lock file (safe twice)."""
@@ -264,6 +268,17 @@ class VmVirtiofsMode(VmMode):
         socket = virtiofs.socket_name(env.env_dir.parent.name)
         (env.env_dir / socket).unlink(missing_ok=True)
         virtiofs.lock_file(socket).unlink(missing_ok=True)
+
+
+class VmVirtiofsWritebackMode(VmVirtiofsMode):
+    """``vm-virtiofs-writeback``: virtio-fs with the guest's page cache (virtiofsd
+    ``cache=always`` with ``writeback``); each round's sync asks the guest to ``sync``, as in
+    ``vm-writeback``, so the host sees the round's result before the round clock stops."""
+
+    name = "vm-virtiofs-writeback"
+    virtiofs_cache = "always"
+    virtiofs_writeback = True
+    guest_sync = True
 
 
 class VmDiskMode(VmMode):

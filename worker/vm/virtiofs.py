@@ -61,10 +61,12 @@ def lock_file(socket: str) -> Path:
     return LOCK_DIR / f"{socket.replace('/', '.')}.pid"
 
 
-def daemon_argv(socket: str, source: Path, cache: str) -> list[str]:
-    """The virtiofsd command line serving ``source`` with cache mode ``cache`` on ``socket``."""
+def daemon_argv(socket: str, source: Path, cache: str, writeback: bool = False) -> list[str]:
+    """The virtiofsd command line serving ``source`` with cache mode ``cache`` on ``socket``
+    (``writeback``: the guest's page cache holds writes until it writes them back)."""
     return [
         VIRTIOFSD, f"--socket-path={socket}", "-o", f"source={source}", "-o", f"cache={cache}",
+        *(["-o", "writeback"] if writeback else []),
         "-o", f"sandbox={SANDBOX}", f"--thread-pool-size={THREAD_POOL_SIZE}",
         "-o", "log_level=warn",  # stderr is the launcher's: only what went wrong
     ]  # fmt: skip
