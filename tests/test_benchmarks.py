@@ -77,3 +77,12 @@ def test_fleet_soak_smoke_meets_its_targets() -> None:
     assert re.search(r"^leftover mounts\s+0\s+0$", done.stdout, flags=re.M), done.stdout
     faults = r"faults: 1 worker kill -9 .*1 redis restart, 1 coordinator restart"
     assert re.search(faults, done.stdout), done.stdout
+
+
+def test_fuzz_inputs_counts_what_it_tried() -> None:
+    """fuzz_inputs.py with a few examples per property says how many it tried and failed, and
+    exits 0 when none failed."""
+    done = run_script("fuzz_inputs.py", "--examples", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "plan files (plan show, run): tried 3, failed 0" in done.stdout, done.stdout
+    assert "damaged campaigns (verify, report, compare): tried 3, failed 0" in done.stdout
