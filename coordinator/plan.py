@@ -251,6 +251,13 @@ def _check_names(plan: Plan, source: str) -> None:
                 raise PlanError(f"{source}: {where}[{i}] '{n}' is not a workload{near(n, choices)}")
 
     check_workloads(plan.workloads, "workloads")
+    for i, mode in enumerate(plan.modes):  # a mode given by name: that name must be usable
+        try:
+            if isinstance(mode, str):
+                ModeEntry(name=mode)
+        except ValidationError as exc:
+            msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            raise PlanError(f"{source}: modes[{i}]: {msg}") from exc
     entries = plan.mode_entries()
     check_modes(entries, source)
     for i, entry in enumerate(entries):
