@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +58,9 @@ extreme_ints = st.one_of(
     st.integers(-3, 5), st.sampled_from([2**31, 2**63, -(2**63), 10**30, 0]), st.integers()
 )
 extreme_floats = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, 1e-320, 1e308])
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, 1e-320, 1e308]),
+    st.floats(0.001, 1.0),
 )
 texts = st.one_of(st.text(max_size=30), st.sampled_from(NAMES))
 scalars = st.one_of(st.booleans(), extreme_ints, extreme_floats, texts)
@@ -91,12 +93,23 @@ def near_right(key: str) -> st.SearchStrategy[Any]:
     return shaped.get(key, texts)
 
 
+VALID_PLAN: dict[str, Any] = {"name": "fuzz", "seed": 1, "environments": 2, "rounds": 1,
+                              "scale": 0.02, "workloads": ["publish"], "modes": ["native"],
+                              "sentinel": False}  # fmt: skip
+
+
 @st.composite
 def plan_documents(draw: st.DrawFn) -> dict[str, Any]:
-    """A plan as a dict: some keys near right, some wild, sometimes a key no plan has."""
-    plan: dict[str, Any] = {}
-    for key in draw(st.lists(st.sampled_from(PLAN_KEYS), unique=True)):
-        plan[key] = draw(st.one_of(near_right(key), near_right(key), wild))
+    """A plan as a dict: a valid plan with a few keys changed or dropped, or keys drawn afresh
+    (some near right, some wild), sometimes with a key no plan has."""
+    valid_base = draw(st.booleans())
+    plan: dict[str, Any] = dict(VALID_PLAN) if valid_base else {}
+    changes = st.lists(st.sampled_from(PLAN_KEYS), unique=True, max_size=3 if valid_base else 13)
+    for key in draw(changes):
+        if valid_base and draw(st.integers(0, 4)) == 0:
+            plan.pop(key, None)
+        else:
+            plan[key] = draw(st.one_of(near_right(key), near_right(key), wild))
     if draw(st.booleans()) and draw(st.booleans()):
         plan[draw(texts)] = draw(wild)
     return plan
@@ -332,6 +345,8 @@ def fuzz(examples: int) -> Any:
 
 @fuzz(PLAN_EXAMPLES)
 @given(content=plan_files)
+@example(content=b'modes = [""]\n')  # found by the fuzz (a traceback once)
+@example(content='modes = ["sÉ", "native"]\n'.encode())
 def test_no_plan_file_gives_a_traceback(content: bytes) -> None:
     """plan show exits 0 or 2 and run exits 2 for any plan file: one line, nothing written."""
     with tempfile.TemporaryDirectory() as scratch:
