@@ -32,8 +32,9 @@ def run(data: Path) -> str:
     argv = [sys.executable, "-m", "coordinator", "run", str(PLAN), "--data", str(data)]
     done = subprocess.run(argv, cwd=REPO, stdout=subprocess.PIPE, text=True, check=False)
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
-    if not last.startswith("campaign: "):
-        raise SystemExit(f"first_look: the run did not finish (status {done.returncode})")
+    if done.returncode not in (0, 1) or not last.startswith("campaign: "):  # 1: problems found
+        raise SystemExit(f"first_look: the run did not finish (status {done.returncode}); "
+                         f"{last} (sandbench run --resume ID continues it)")  # fmt: skip
     return last.removeprefix("campaign: ")
 
 
