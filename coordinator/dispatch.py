@@ -42,6 +42,17 @@ def unregistered_hosts(hosts: list[str]) -> tuple[list[str], Path]:
     return [h for h in hosts if h not in registry], registry.path
 
 
+def check_registered(hosts: list[str]) -> None:
+    """FleetError naming the first of ``hosts`` not in the trusted registry, and the fix."""
+    unknown, registry = unregistered_hosts(hosts)
+    if unknown:
+        raise FleetError(
+            f"host {', '.join(unknown)} is not registered in {registry}: its records would be "
+            f"rejected; register it with 'sandbench hosts add {unknown[0]} PUBKEY' (its worker "
+            "prints the line), or dispatch anyway with --allow-unregistered"
+        )
+
+
 def dispatch_specs(
     app: Celery, store: Store, plan_text: str, plan: Any, specs: list[EnvironmentSpec]
 ) -> str:
@@ -58,13 +69,21 @@ def dispatch_specs(
 
 
 def dispatch_plan(
-    app: Celery, store: Store, plan_path: Path, hosts: list[str], work_root: str | None = None
+    app: Celery,
+    store: Store,
+    plan_path: Path,
+    hosts: list[str],
+    work_root: str | None = None,
+    allow_unregistered: bool = False,
 ) -> str:
-    """Expand the plan at ``plan_path`` for ``hosts`` (seeded order per host) and queue it."""
+    """Expand the plan at ``plan_path`` for ``hosts`` (seeded order per host) and queue it;
+    a host not in the trusted registry is refused unless ``allow_unregistered``."""
     from coordinator.campaign import expand, new_campaign_id
     from coordinator.plan import load_plan
 
-    plan_text, plan = load_plan(plan_path)
+    plan_text, plan = load_plan(plan_path)  # a bad plan is named first
+    if not allow_unregistered:
+        check_registered(hosts)
     specs = expand(plan, hosts, new_campaign_id(), work_root or str(DEFAULT_WORK_ROOT))
     return dispatch_specs(app, store, plan_text, plan, specs)
 

@@ -79,20 +79,14 @@ def dispatch_cmd(
         raise FleetError("--hosts names no host; give e.g. --hosts lab-a,lab-b")
     if len(set(names)) < len(names):
         raise FleetError(f"--hosts {hosts} names a host twice; name each lab host once")
-    unknown, registry = unregistered_hosts(names)
-    if unknown and not allow_unregistered:
-        raise FleetError(
-            f"host {', '.join(unknown)} is not registered in {registry}: its records would be "
-            f"rejected; register it with 'sandbench hosts add {unknown[0]} PUBKEY' (its worker "
-            "prints the line), or dispatch anyway with --allow-unregistered"
-        )
+    unknown, registry = unregistered_hosts(names) if allow_unregistered else ([], None)
     for name in unknown:
         click.echo(
             f"sandbench: warning: host {name} is not registered in {registry}: its records "
             f"are rejected until 'sandbench hosts add {name} PUBKEY'",
             err=True,
         )
-    campaign = dispatch_plan(_app(broker), _store(data), plan, names, work_root=work_root)
+    campaign = dispatch_plan(_app(broker), _store(data), plan, names, work_root, allow_unregistered)
     click.echo(f"queued on {', '.join(f'host.{n}' for n in names)}")
     click.echo(f"campaign: {campaign}")
 
