@@ -17,6 +17,7 @@ from tests.fleet_helpers import (
     dispatch,
     make_fleet,
     records_of,
+    slow_mode,
     status,
     wait_finished,
     wait_until,
@@ -134,3 +135,20 @@ def test_status_shows_a_workers_refusals_and_a_host_never_seen(make_fleet: Any) 
     assert f"refused {planned}: untrusted coordinator key" in out.stdout, out.stdout
     assert "worker not seen: no 'sandbench worker --host lab-b'" in out.stdout, out.stdout
     assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_status_counts_command_modes_a_worker_does_not_allow(make_fleet: Any) -> None:
+    """A command mode missing from the worker's allowlist is not run; status counts it under
+    the host as 'refused N: command mode not allowed' beside the native environments that ran."""
+    fleet = make_fleet(["lab-a"])
+    fleet.register_hosts()
+    fleet.start_coordinator()
+    fleet.start_worker("lab-a")
+    plan = write_plan(fleet.root / "plan.toml", environments=2, rounds=1, workloads=["publish"],
+                      modes=["native", slow_mode("not-allowed", 0)], sentinel=False)  # fmt: skip
+    campaign = dispatch(fleet, plan, "lab-a")
+    final = wait_finished(fleet, campaign)["hosts"][0]
+    assert final["refused"] == {"command mode not allowed": 2}, final
+    assert final["outcomes"] == {"passed": 2, "not-run": 2}, final
+    out = fleet.cli("status", campaign, "--data", str(fleet.data))
+    assert "refused 2: command mode not allowed" in out.stdout, out.stdout
