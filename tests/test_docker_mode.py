@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from worker.dockerd import DOCKERD_ENV, STATE_DIR_ENV, Dockerd
 from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo
 from worker.modes.container import PAYLOAD_DIR_IN, container_name, unmanaged_cgroup_dirs
 from worker.modes.docker import DockerMode
+from worker.procs import close_pipes
 from workloads.catalog import DECLARED
 
 pytestmark = pytest.mark.docker
@@ -348,3 +350,57 @@ def test_docker_gvisor_without_runsc_fails_preflight(
     monkeypatch.setenv("PATH", str(tmp_path))
     verdict = DockerGvisorMode().preflight(HostInfo())
     assert not verdict.ok and "apt-get install runsc" in verdict.reason
+
+
+def test_docker_gvisor_cpu_burner_is_held_to_the_quota(dockerd: Dockerd, tmp_path: Path) -> None:
+    """Four busy threads in a docker-gvisor container under half a core on CPU 0: the
+    environment's cgroup (the container's below it) gets at most half a core, and at least a
+    fifth of one (the Sentry's work is counted there)."""
+    require_binary("runsc")
+    from tests.test_gvisor_mode import BURNER
+    from worker.modes.docker_gvisor import DockerGvisorMode
+
+    quota = Quota(cpus="0", cpu_quota=0.5)
+    env, cgroup = _probe_env(tmp_path, quota)
+    env.payload.write_text(BURNER)
+    mode = DockerGvisorMode()
+    try:
+        mode.prepare(env)
+        proc = subprocess.Popen(
+            mode.launcher(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            preexec_fn=cgroup.preexec(), start_new_session=True,
+        )  # fmt: skip
+        cgroup.close_preexec()
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline()) == {"op": "ready"}
+        time.sleep(1.0)
+        wall0, cpu0 = time.monotonic(), cgroup.cpu_seconds()
+        time.sleep(4.0)
+        rate = (cgroup.cpu_seconds() - cpu0) / (time.monotonic() - wall0)
+        proc.kill()
+        proc.wait(timeout=30)
+        close_pipes(proc)
+    finally:
+        mode.cleanup(env)
+        cgroup.kill()
+        cgroup.remove()
+    print(f"docker-gvisor CPU burner: {rate:.3f} cores under a 0.5-core quota")
+    assert 0.2 <= rate <= 1.10 * 0.5, rate
+    assert_no_containers(dockerd)
+
+
+def test_docker_gvisor_limit_leaves_no_sandbox(dockerd: Dockerd, work_root: Path) -> None:
+    """At the limit the container is killed and removed with its Sentry and gofer: no runsc
+    process of it survives."""
+    require_binary("runsc")
+    from worker.runner import run_environment
+
+    quota = Quota(cpus="0", cpu_quota=0.05)  # each round stretches to seconds: the limit falls
+    spec = gvisor_spec("ws256-w1", work_root, scale=1.0, limit_s=8.0, quota=quota, seed=4243)
+    record = run_environment(spec)
+    assert record is not None
+    assert (record.outcome, record.reason) == ("failed", "timeout"), record.detail
+    assert_no_containers(dockerd)
+    sandboxes = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+                 if "runsc-sandbox" in " ".join(p.info["cmdline"] or [])]  # fmt: skip
+    assert sandboxes == [], sandboxes
