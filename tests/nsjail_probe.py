@@ -52,15 +52,19 @@ print(json.dumps({
     "dev_null": attempt("/dev/null"), "dev": sorted(os.listdir("/dev")),
 }), flush=True)
 """
-# Runs in the jail in place of the payload: ready, then four threads that never stop.
+# Runs in the sandbox in place of the payload: ready, then four threads that never stop; told to
+# stop, the CPU time the process's own kernel counted for it (gVisor's Sentry's, in gvisor).
 BURNER = r"""
-import hashlib, json, sys, threading
+import hashlib, json, resource, sys, threading
 print(json.dumps({"op": "ready"}), flush=True)
 def spin():
     while True:
         hashlib.sha256(bytes(1 << 20)).digest()
 for _ in range(4):
     threading.Thread(target=spin, daemon=True).start()
+sys.stdin.readline()
+u = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"cpu_s": u.ru_utime + u.ru_stime}), flush=True)
 sys.stdin.readline()
 """
 # A payload interpreter that first allocates 3 GiB (past the 2 GiB quota), then runs the payload.
@@ -154,3 +158,32 @@ def measure_burner(env: EnvContext, cgroup: cgroups.Cgroup) -> Burn:
         proc.wait(timeout=30)
         close_pipes(proc)
     return Burn(rate, cpu, own, affinity)
+
+
+def reap_killed_runner(
+    spec: EnvironmentSpec, env: dict[str, str], processes: int
+) -> dict[str, list[str]]:
+    """Run ``spec`` in a runner killed with -9 once ``processes`` processes of its environment
+    run, then ``sandbench host clean`` its work root; what was left before the clean."""
+    from tests.leftovers import leftovers
+
+    work_root = Path(spec.work_root)
+    full_env = {**os.environ, **env}
+    runner = subprocess.Popen([sys.executable, "-c", KILLED_RUNNER, spec.model_dump_json()],
+                              cwd=REPO, env=full_env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(leftovers(work_root, spec.campaign)["processes"]) < processes:
+            assert runner.poll() is None and time.monotonic() < deadline, "the sandbox never ran"
+            time.sleep(0.1)
+    finally:
+        runner.kill()
+        runner.wait(timeout=30)
+    left = leftovers(work_root, spec.campaign)
+    done = subprocess.run(
+        [sys.executable, "-m", "coordinator", "host", "clean", "--work-root", str(work_root),
+         "--json"], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return left

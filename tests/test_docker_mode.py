@@ -17,6 +17,7 @@ import pytest
 from tasks.records import EnvironmentSpec, Quota
 from tests.conftest import REPO, require_binary
 from tests.container_probe import PROBE
+from tests.nsjail_probe import launch
 from worker import quota as cgroups
 from worker.dockerd import DOCKERD_ENV, STATE_DIR_ENV, Dockerd
 from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo
@@ -289,12 +290,8 @@ def test_docker_gvisor_runs_in_a_sandbox_inside_the_quota(dockerd: Dockerd, tmp_
     env.payload.write_text(GVISOR_PROBE)
     mode = DockerGvisorMode()
     try:
-        mode.prepare(env)
-        proc = subprocess.Popen(
-            mode.launcher(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            preexec_fn=cgroup.preexec(), start_new_session=True,
-        )  # fmt: skip
-        cgroup.close_preexec()
+        env.state["cgroup"] = cgroup
+        proc = launch(env, mode)
         assert proc.stdout is not None and proc.stdin is not None
         proc.stdout.readline()  # the probe's ready line
         sandbox = [p for p in psutil.process_iter(["pid", "cmdline"])
@@ -323,12 +320,8 @@ def test_docker_gvisor_over_memory_is_oom(dockerd: Dockerd, tmp_path: Path) -> N
     env.payload.write_text(ALLOCATING_PROBE)
     mode = DockerGvisorMode()
     try:
-        mode.prepare(env)
-        proc = subprocess.Popen(
-            mode.launcher(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            preexec_fn=cgroup.preexec(), start_new_session=True,
-        )  # fmt: skip
-        cgroup.close_preexec()
+        env.state["cgroup"] = cgroup
+        proc = launch(env, mode)
         out, _ = proc.communicate(b"go\n", timeout=120)
         killed = mode.oom_killed(env) or cgroup.oom_killed()
         peak = cgroup.peak_memory()
@@ -357,7 +350,7 @@ def test_docker_gvisor_cpu_burner_is_held_to_the_quota(dockerd: Dockerd, tmp_pat
     environment's cgroup (the container's below it) gets at most half a core, and at least a
     fifth of one (the Sentry's work is counted there)."""
     require_binary("runsc")
-    from tests.test_gvisor_mode import BURNER
+    from tests.nsjail_probe import BURNER
     from worker.modes.docker_gvisor import DockerGvisorMode
 
     quota = Quota(cpus="0", cpu_quota=0.5)
@@ -365,12 +358,8 @@ def test_docker_gvisor_cpu_burner_is_held_to_the_quota(dockerd: Dockerd, tmp_pat
     env.payload.write_text(BURNER)
     mode = DockerGvisorMode()
     try:
-        mode.prepare(env)
-        proc = subprocess.Popen(
-            mode.launcher(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            preexec_fn=cgroup.preexec(), start_new_session=True,
-        )  # fmt: skip
-        cgroup.close_preexec()
+        env.state["cgroup"] = cgroup
+        proc = launch(env, mode)
         assert proc.stdout is not None
         assert json.loads(proc.stdout.readline()) == {"op": "ready"}
         time.sleep(1.0)

@@ -4,7 +4,6 @@ binding the Sentry and gofer, OOM, the limit, the reaper, and preflight's reason
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,10 +18,11 @@ from tests.conftest import REPO, require_binary
 from tests.leftovers import NOTHING, hold, holding_python, leftovers
 from tests.nsjail_probe import (
     ALLOCATING_PYTHON,
-    KILLED_RUNNER,
+    BURNER,
     PROBE,
     executable,
     launch,
+    reap_killed_runner,
     run_in_subprocess,
 )
 from worker import quota as cgroups
@@ -36,23 +36,6 @@ from workloads.catalog import DECLARED
 SCALE = 0.02
 GIB = 1 << 30
 MEASURE_S = 4.0
-# In the sandbox in place of the payload: ready, four busy threads until told to stop, then the
-# CPU time gVisor counted for the process (the Sentry's own accounting).
-BURNER = r"""
-import hashlib, json, resource, sys, threading
-print(json.dumps({"op": "ready"}), flush=True)
-def spin():
-    while True:
-        hashlib.sha256(bytes(1 << 20)).digest()
-for _ in range(4):
-    threading.Thread(target=spin, daemon=True).start()
-sys.stdin.readline()
-u = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"cpu_s": u.ru_utime + u.ru_stime}), flush=True)
-sys.stdin.readline()
-"""
-
-
 def require_runsc() -> str:
     """runsc on PATH (ops/setup.sh installs it), or a reasoned skip (a failure in CI)."""
     return require_binary("runsc")
@@ -218,25 +201,9 @@ def test_host_clean_reaps_a_killed_gvisor_environment(tmp_path: Path, work_root:
     home = tmp_path / "home"
     home.mkdir()
     spec = spec_for("publish", work_root, campaign="t-gvkill")
-    env = {**os.environ, "SANDBENCH_PYTHON": str(python), "SANDBENCH_HOME": str(home)}
-    runner = subprocess.Popen([sys.executable, "-c", KILLED_RUNNER, spec.model_dump_json()],
-                              cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while len(leftovers(work_root, "t-gvkill")["processes"]) < 3:  # runsc, gofer, Sentry
-            assert runner.poll() is None and time.monotonic() < deadline, "no sandbox ran"
-            time.sleep(0.1)
-    finally:
-        runner.kill()
-        runner.wait(timeout=30)
-    left = leftovers(work_root, "t-gvkill")
+    env = {"SANDBENCH_PYTHON": str(python), "SANDBENCH_HOME": str(home)}
+    left = reap_killed_runner(spec, env, 3)  # runsc, gofer, Sentry
     assert left["processes"] and left["cgroups"] and left["files"], left
-    done = subprocess.run(
-        [sys.executable, "-m", "coordinator", "host", "clean", "--work-root", str(work_root),
-         "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
     assert leftovers(work_root, "t-gvkill") == NOTHING
 
 

@@ -7,8 +7,6 @@ import os
 import resource
 import shutil
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,11 +20,11 @@ from tests.leftovers import NOTHING, hold, holding_python, leftovers
 from tests.nsjail_probe import (
     ALLOCATING_PYTHON,
     BURNER,
-    KILLED_RUNNER,
     PROBE,
     executable,
     launch,
     measure_burner,
+    reap_killed_runner,
     run_in_subprocess,
 )
 from worker import quota as cgroups
@@ -204,27 +202,11 @@ def test_host_clean_reaps_a_killed_nsjail_environment(tmp_path: Path, work_root:
     home = tmp_path / "home"
     home.mkdir()
     spec = spec_for("publish", work_root, campaign="t-nsjkill")
-    env = {**os.environ, "SANDBENCH_PYTHON": str(python), "SANDBENCH_HOME": str(home),
+    env = {"SANDBENCH_PYTHON": str(python), "SANDBENCH_HOME": str(home),
            TOOLS_ENV: str(binary_path().parents[1])}  # fmt: skip
-    runner = subprocess.Popen([sys.executable, "-c", KILLED_RUNNER, spec.model_dump_json()],
-                              cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while len(leftovers(work_root, "t-nsjkill")["processes"]) < 3:  # nsjail, sh, sleeps
-            assert runner.poll() is None and time.monotonic() < deadline, "the jail never ran"
-            time.sleep(0.1)
-    finally:
-        runner.kill()
-        runner.wait(timeout=30)
-    left = leftovers(work_root, "t-nsjkill")
+    left = reap_killed_runner(spec, env, 3)  # nsjail, sh, sleeps
     assert left["processes"] and left["cgroups"] and left["files"], left
     assert any("nsjail" in p for p in left["processes"]), left["processes"]
-    done = subprocess.run(
-        [sys.executable, "-m", "coordinator", "host", "clean", "--work-root", str(work_root),
-         "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
     assert leftovers(work_root, "t-nsjkill") == NOTHING
 
 

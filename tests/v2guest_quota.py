@@ -429,7 +429,7 @@ def test_nsjail_limit_kills_the_whole_jail(tmp_path: Path) -> None:
 @pytest.fixture
 def gvisor_env(tmp_path: Path) -> Iterator[EnvContext]:
     """A gvisor-mode environment whose payload is the CPU burner, on CPU 0 with half a core."""
-    from tests.test_gvisor_mode import BURNER
+    from tests.nsjail_probe import BURNER
     from worker.modes.gvisor import GvisorMode
 
     quota = Quota(cpus="0", cpu_quota=0.5)
