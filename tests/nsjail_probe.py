@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from tasks.records import EnvironmentRecord, EnvironmentSpec
+from tasks.records import EnvironmentRecord, EnvironmentSpec, Quota
 from tests.conftest import REPO
 from worker import quota as cgroups
 from worker.modes.base import EnvContext, Mode
@@ -187,3 +189,26 @@ def reap_killed_runner(
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return left
+
+
+@contextlib.contextmanager
+def probe_environment(
+    base: Path, spec: EnvironmentSpec, script: str, quota: Quota, mode: Mode | None = None
+) -> Iterator[EnvContext]:
+    """An environment under ``base`` whose payload is ``script`` (its directory bound as the
+    payload's), with a real cgroup of ``quota``; killed, cleaned up (by ``mode``) and removed."""
+    payload = base / "payload" / "probe.py"
+    payload.parent.mkdir()
+    payload.write_text(script)
+    for name in ("ws", "env"):
+        (base / name).mkdir()
+    cgroup = cgroups.create(cgroups.cgroup_name(spec.key()), quota)
+    env = EnvContext(spec, base / "ws", base / "env", cgroup.path, payload=payload)
+    env.state["cgroup"] = cgroup
+    try:
+        yield env
+    finally:
+        cgroup.kill()
+        if mode is not None:
+            mode.cleanup(env)
+        cgroup.remove()

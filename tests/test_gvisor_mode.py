@@ -22,10 +22,10 @@ from tests.nsjail_probe import (
     PROBE,
     executable,
     launch,
+    probe_environment,
     reap_killed_runner,
     run_in_subprocess,
 )
-from worker import quota as cgroups
 from worker.modes import get_mode
 from worker.modes.base import EnvContext, HostInfo
 from worker.modes.gvisor import GVISOR_DIR, LOG_FILE, GvisorMode, offered_platforms
@@ -80,21 +80,9 @@ def test_workload_passes(modes_root: Path, workload: str) -> None:
 def probe_env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[EnvContext]:
     """An environment whose payload is the script ``request.param``, with a real cgroup."""
     script, quota = request.param
-    payload = tmp_path / "payload" / "probe.py"
-    payload.parent.mkdir()
-    payload.write_text(script)
-    for name in ("ws", "env"):
-        (tmp_path / name).mkdir()
     spec = spec_for("seq-write", tmp_path, quota=quota)
-    cgroup = cgroups.create(cgroups.cgroup_name(spec.key()), quota)
-    env = EnvContext(spec, tmp_path / "ws", tmp_path / "env", cgroup.path, payload=payload)
-    env.state["cgroup"] = cgroup
-    try:
+    with probe_environment(tmp_path, spec, script, quota, GvisorMode()) as env:
         yield env
-    finally:
-        cgroup.kill()
-        GvisorMode().cleanup(env)
-        cgroup.remove()
 
 
 def tree_of(pid: int) -> list[psutil.Process]:

@@ -24,6 +24,7 @@ from tests.nsjail_probe import (
     executable,
     launch,
     measure_burner,
+    probe_environment,
     reap_killed_runner,
     run_in_subprocess,
 )
@@ -90,20 +91,9 @@ def test_workload_passes(modes_root: Path, workload: str) -> None:
 def probe_env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[EnvContext]:
     """An environment whose payload is the script ``request.param``, with a real cgroup."""
     script, quota = request.param
-    payload = tmp_path / "payload" / "probe.py"  # its directory is bound, as the payload's
-    payload.parent.mkdir()
-    payload.write_text(script)
-    for name in ("ws", "env"):
-        (tmp_path / name).mkdir()
     spec = spec_for("seq-write", tmp_path, quota=quota)
-    cgroup = cgroups.create(cgroups.cgroup_name(spec.key()), quota)
-    env = EnvContext(spec, tmp_path / "ws", tmp_path / "env", cgroup.path, payload=payload)
-    env.state["cgroup"] = cgroup
-    try:
+    with probe_environment(tmp_path, spec, script, quota) as env:
         yield env
-    finally:
-        cgroup.kill()
-        cgroup.remove()
 
 
 def outside_of(pid: int, cgroup_path: str) -> list[str]:

@@ -365,23 +365,11 @@ def test_quota_cpus_outside_the_services_cpuset_fail(broken_service: Path) -> No
 @pytest.fixture
 def nsjail_env(tmp_path: Path) -> Iterator[EnvContext]:
     """An nsjail-mode environment whose payload is the CPU burner, on CPU 0 with half a core."""
-    from tests.nsjail_probe import BURNER
+    from tests.nsjail_probe import BURNER, probe_environment
 
     quota = Quota(cpus="0", cpu_quota=0.5)
-    payload = tmp_path / "payload" / "burner.py"
-    payload.parent.mkdir()
-    payload.write_text(BURNER)
-    for name in ("ws", "env"):
-        (tmp_path / name).mkdir()
-    nsjail_spec = spec("nsjail", tmp_path, quota=quota)
-    group = cgroups.create(cgroups.cgroup_name(nsjail_spec.key()), quota)
-    env = EnvContext(nsjail_spec, tmp_path / "ws", tmp_path / "env", group.path, payload=payload)
-    env.state["cgroup"] = group
-    try:
+    with probe_environment(tmp_path, spec("nsjail", tmp_path, quota=quota), BURNER, quota) as env:
         yield env
-    finally:
-        group.kill()
-        group.remove()
 
 
 def test_nsjail_cpu_burner_is_held_to_the_quota(nsjail_env: EnvContext) -> None:
@@ -429,25 +417,13 @@ def test_nsjail_limit_kills_the_whole_jail(tmp_path: Path) -> None:
 @pytest.fixture
 def gvisor_env(tmp_path: Path) -> Iterator[EnvContext]:
     """A gvisor-mode environment whose payload is the CPU burner, on CPU 0 with half a core."""
-    from tests.nsjail_probe import BURNER
+    from tests.nsjail_probe import BURNER, probe_environment
     from worker.modes.gvisor import GvisorMode
 
     quota = Quota(cpus="0", cpu_quota=0.5)
-    payload = tmp_path / "payload" / "burner.py"
-    payload.parent.mkdir()
-    payload.write_text(BURNER)
-    for name in ("ws", "env"):
-        (tmp_path / name).mkdir()
     gvisor_spec = spec("gvisor", tmp_path, quota=quota)
-    group = cgroups.create(cgroups.cgroup_name(gvisor_spec.key()), quota)
-    env = EnvContext(gvisor_spec, tmp_path / "ws", tmp_path / "env", group.path, payload=payload)
-    env.state["cgroup"] = group
-    try:
+    with probe_environment(tmp_path, gvisor_spec, BURNER, quota, GvisorMode()) as env:
         yield env
-    finally:
-        group.kill()
-        GvisorMode().cleanup(env)
-        group.remove()
 
 
 def test_gvisor_cpu_burner_is_held_to_the_quota(gvisor_env: EnvContext) -> None:
