@@ -35,7 +35,8 @@ ALIVE_REFRESH_S = 5
 REDIS_RETRIES = 240  # with a 0.5 s cap: rides over a redis-server restart of a minute or two
 DEFAULT_PORT = 6379
 # dispatch, status and rerun ask the broker before they change anything: connect and PING
-# each get this long (a lab broker answers in milliseconds), so a dead or silent broker is
+# each get this long (a lab broker answers in milliseconds), and a PING that times out or finds
+# the broker loading its append-only file is asked once more, so a dead or silent broker is
 # reported within 5 s of the command's start, interpreter start-up included.
 CHECK_TIMEOUT_S = 1.5
 
@@ -72,7 +73,10 @@ def check_broker(url: str, timeout_s: float = CHECK_TIMEOUT_S) -> None:
         url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
     )
     try:
-        client.ping()
+        try:
+            client.ping()
+        except (redis.TimeoutError, redis.BusyLoadingError):  # slow or loading, not dead: once more
+            client.ping()
     except redis.AuthenticationError as exc:
         raise FleetError(f"broker at {where} refused the password; fix SANDBENCH_BROKER") from exc
     except (redis.RedisError, OSError) as exc:
