@@ -109,6 +109,9 @@ class Intake:
         self.keys = [RECORDS_QUEUE, channel.unacked_key, channel.unacked_index_key, UNREADABLE_KEY]
         self._take = self.client.register_script(TAKE)
         self._pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="intake-sync")
+        # Hosts that may be complete and are not yet asked to finalize: a broker fault after
+        # their records were stored and acknowledged leaves them here, and every turn asks again.
+        self.pending: set[tuple[str, str]] = set()
 
     def take(self) -> list[str]:
         """Up to ``batch`` messages, each now in kombu's unacked index."""
@@ -136,10 +139,19 @@ class Intake:
         logs = {self.coordinator.store.records_path(*host) for host in groups}
         list(self._pool.map(sync_file, logs))  # durable: the fsyncs run side by side
         self._commit(taken, groups, added, rejected, started)
-        done = [h for h in groups if self._may_be_complete(*h)]
-        if any([self.coordinator.maybe_finalize(*h, outbox=self.events) for h in done]):
-            self.events.flush()  # the finalize_host messages, in one transaction
+        self.pending.update(h for h in groups if self._may_be_complete(*h))
+        self.finalize_pending()
         return sum(added.values())
+
+    def finalize_pending(self) -> None:
+        """Ask every pending host to finalize (``maybe_finalize`` looks properly), then forget
+        them; a broker fault on the way keeps them pending for the next turn."""
+        if not self.pending:
+            return
+        hosts = sorted(self.pending)
+        if any([self.coordinator.maybe_finalize(*h, outbox=self.events) for h in hosts]):
+            self.events.flush()  # the finalize_host messages, in one transaction
+        self.pending.difference_update(hosts)
 
     def _may_be_complete(self, campaign: str, host: str) -> bool:
         """Whether ``host`` may have an outcome for every planned environment (counts only: the
@@ -202,6 +214,7 @@ class Intake:
         """Take and handle batches until ``stop`` is set (a thread of the coordinator)."""
         while not stop.is_set():
             try:
+                self.finalize_pending()
                 raws = self.take()
                 if not raws:
                     self.wait()

@@ -431,6 +431,7 @@ def test_gvisor_cpu_burner_is_held_to_the_quota(gvisor_env: EnvContext) -> None:
     environment's v2 cgroup, which gets the half-core quota on CPU 0 (cpu.stat over wall)."""
     from tests.nsjail_probe import launch
     from worker.modes.gvisor import GvisorMode
+    from worker.procs import close_pipes
 
     group: cgroups.Cgroup = gvisor_env.state["cgroup"]
     proc = launch(gvisor_env, GvisorMode())
@@ -448,6 +449,7 @@ def test_gvisor_cpu_burner_is_held_to_the_quota(gvisor_env: EnvContext) -> None:
         proc.kill()
         group.kill()
         proc.wait(timeout=30)
+        close_pipes(proc)
     print(f"gvisor burner in the v2 host: {rate:.3f} cores, {len(tree)} processes")
     assert len(tree) >= 3 and all(placed), placed
     assert 0.6 * 0.5 <= rate <= 1.10 * 0.5, rate
