@@ -10,7 +10,6 @@ plan share a name; the refusal suggests a free one.
 from __future__ import annotations
 
 import difflib
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -147,15 +146,12 @@ def check_mode_keys(entry: ModeEntry, where: str) -> None:
 
 def mode_class(name: str, where: str) -> type[Mode]:
     """The class of built-in mode ``name``, loaded without building the mode."""
-    from worker.modes import BUILTIN_MODES
+    from worker.modes import mode_class as load
 
-    module_name, cls_name = BUILTIN_MODES[name].target.split(":")
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise PlanError(f"{where}: mode '{name}' is not built yet ({exc})") from exc
-    cls: type[Mode] = getattr(module, cls_name)
-    return cls
+        return load(name)
+    except ModeUnavailable as exc:
+        raise PlanError(f"{where}: {exc}") from exc
 
 
 def check_templates(entry: ModeEntry, where: str) -> None:

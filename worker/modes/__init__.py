@@ -69,7 +69,7 @@ COMMON_TOOLS = (f"{PAYLOAD_PYTHON} --version", "git --version", "gcc --version",
 
 __all__ = [
     "BUILTIN_MODES", "REGISTRY", "EnvContext", "HostInfo", "Mode", "ModeInfo", "Preflight",
-    "get_mode", "mode_names", "tool_commands",
+    "get_mode", "mode_class", "mode_names", "tool_commands",
 ]  # fmt: skip
 
 
@@ -105,10 +105,15 @@ def get_mode(name: str, options: dict[str, Any] | None = None) -> Mode:
             f"'{name}' is not a mode{hint} (modes: {', '.join(BUILTIN_MODES)}, or a command "
             "mode with a template)"
         )
+    return mode_class(name).from_options(options)
+
+
+def mode_class(name: str) -> type[Mode]:
+    """The class of built-in mode ``name`` (its module loaded now), or ``ModeUnavailable``."""
     module_name, cls_name = BUILTIN_MODES[name].target.split(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise ModeUnavailable(f"mode '{name}' is not built yet ({exc})") from exc
     cls: type[Mode] = getattr(module, cls_name)
-    return cls.from_options(options)
+    return cls
