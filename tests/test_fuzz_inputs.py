@@ -167,6 +167,9 @@ def changed(before: dict[str, bytes | None], after: dict[str, bytes | None]) -> 
     return {k for k in before.keys() | after.keys() if before.get(k, b"?") != after.get(k, b"?")}
 
 
+Runner = Callable[..., subprocess.CompletedProcess[str]]
+
+
 def sandbench(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``python -m coordinator ARGS`` with ``home`` as SANDBENCH_HOME."""
     env = {**os.environ, "SANDBENCH_HOME": str(home), "COLUMNS": "160"}
@@ -188,7 +191,7 @@ def outcome_problem(
     return None
 
 
-def plan_problem(root: Path, content: bytes) -> str | None:
+def plan_problem(root: Path, content: bytes, runner: Runner = sandbench) -> str | None:
     """Run one plan file through ``plan show`` and ``run``; the first problem, else None."""
     home, data, plan = root / "home", root / "data", root / "plan.toml"
     home.mkdir(exist_ok=True)
@@ -196,10 +199,10 @@ def plan_problem(root: Path, content: bytes) -> str | None:
     work_root.write_bytes(b"")
     plan.write_bytes(content)
     before = snapshot(root)
-    shown = sandbench(home, "plan", "show", str(plan))
+    shown = runner(home, "plan", "show", str(plan))
     problem = outcome_problem("plan show", shown, {0, 2})
     if problem is None:
-        run = sandbench(home, "run", str(plan), "--data", str(data), "--work-root",
+        run = runner(home, "run", str(plan), "--data", str(data), "--work-root",
                         str(work_root), "--key", str(home / "host.key"), "--host-name", HOST,
                         "--registry", str(home / "hosts.json"), "--no-progress")  # fmt: skip
         problem = outcome_problem("run", run, {2})
@@ -308,7 +311,7 @@ def command_args(lab: Lab, data: Path, command: str) -> list[str]:
     return [command, lab.campaign, *registry, *(["--quiet"] if command == "report" else [])]
 
 
-def campaign_problem(lab: Lab, scratch: Path, d: Damage) -> str | None:
+def campaign_problem(lab: Lab, scratch: Path, d: Damage, runner: Runner = sandbench) -> str | None:
     """Damage one file of a copy of ``lab``'s campaign and run one command; the problem or None."""
     data = scratch / "data"
     shutil.copytree(lab.data / lab.campaign, data / lab.campaign, symlinks=True)
@@ -317,7 +320,7 @@ def campaign_problem(lab: Lab, scratch: Path, d: Damage) -> str | None:
     damage_file(data / lab.campaign / rel, d)
     before = snapshot(data / lab.campaign)
     home_before = snapshot(lab.home)
-    out = sandbench(lab.home, *command_args(lab, data, d.command))
+    out = runner(lab.home, *command_args(lab, data, d.command))
     codes = {0, 1, 2} if d.command == "verify" else {0, 2}
     problem = outcome_problem(d.command, out, codes)
     writes = WRITES[d.command]
