@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 
+def one_line(text: object) -> str:
+    """``text`` as one line of plain text: every character that is not printable (newlines and
+    the other line breaks ``str.splitlines`` knows, terminal escapes, other controls) written as
+    its Python escape, so a name taken from a user's file cannot break or colour an error line."""
+    return "".join(
+        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in str(text)
+    )
+
+
 class SandbenchError(Exception):
     """Base of every error sandbench raises on purpose; its message says what to fix."""
 

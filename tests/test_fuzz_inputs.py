@@ -350,6 +350,9 @@ def fuzz(examples: int) -> Any:
 @given(content=plan_files)
 @example(content=b'modes = [""]\n')  # found by the fuzz (a traceback once)
 @example(content='modes = ["sÉ", "native"]\n'.encode())
+# found by the 5,000-example run: a key with a form feed or newline split the error line
+@example(content=toml_text({**VALID_PLAN, "\f": []}).encode())
+@example(content=toml_text({**VALID_PLAN, "a\nb\u001b[31m\u2028": 1}).encode())
 def test_no_plan_file_gives_a_traceback(content: bytes) -> None:
     """plan show exits 0 or 2 and run exits 2 for any plan file: one line, nothing written."""
     with tempfile.TemporaryDirectory() as scratch:

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from tasks.errors import SandbenchError
+from tasks.errors import SandbenchError, one_line
 
 # Command-group modules of this package; each defines ``register(group)``.
 COMMAND_MODULES = ("workloads", "modes", "env", "campaign", "compare", "host", "vm", "fleet")
@@ -23,13 +23,13 @@ class _Main(click.Group):
         try:
             return super().invoke(ctx)
         except SandbenchError as exc:
-            click.echo(f"sandbench: error: {exc}", err=True)
+            click.echo(f"sandbench: error: {one_line(exc)}", err=True)
             sys.exit(2)
         except (IsADirectoryError, NotADirectoryError) as exc:  # a damaged store or a wrong path
             kind = "is a directory" if isinstance(exc, IsADirectoryError) else (
                 "has a file where a directory belongs")  # fmt: skip
-            click.echo(f"sandbench: error: {exc.filename}: {kind} (damaged or wrong path)",
-                       err=True)  # fmt: skip
+            where = one_line(exc.filename)
+            click.echo(f"sandbench: error: {where}: {kind} (damaged or wrong path)", err=True)
             sys.exit(2)
 
 
