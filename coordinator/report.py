@@ -21,6 +21,7 @@ from coordinator.campaign import format_size
 from coordinator.registry import HostRegistry
 from coordinator.sentinel import SentinelTable
 from coordinator.store import Campaign, Store
+from coordinator.trend import ALPHA, MIN_N, cell_trends
 from coordinator.units import MISSING, UNIT_RULE, Unit, duration, fmt, unit_for
 from coordinator.verdict import verdict_of
 from coordinator.views import CampaignView, record_views
@@ -242,6 +243,33 @@ def sentinel_blocks(s: SentinelTable | None, every: int, stem: Path) -> list[Blo
     return blocks
 
 
+def trend_blocks(t: HostTables) -> list[Block]:
+    """Drift inside the campaign (``coordinator.trend``): each cell's change over the run order,
+    workloads x modes, "(sig.)" where it is significant after Holm's correction."""
+    found = cell_trends(t.environments)
+    if not found:
+        return []
+    modes = list(dict.fromkeys(x.mode for x in found))
+    by_key = {(x.mode, x.workload): x for x in found}
+    table = Table(
+        "Change of each cell's task time from its first environment to its last in the run "
+        f"order (Theil-Sen slope x span / median); (sig.): significant (Spearman permutation test, "
+        f"Holm-corrected over the {sum(x.p is not None for x in found)} cells tested, "
+        f"{ALPHA:.0%}); cells with fewer than {MIN_N} passed environments are not tested",
+        ["workload", *modes], [])  # fmt: skip
+    for w in dict.fromkeys(x.workload for x in found):
+        row: list[str | tuple[str, int]] = [w]
+        for m in modes:
+            x = by_key.get((m, w))
+            row.append("" if x is None else f"{x.change:+.0%}{' (sig.)' if x.significant else ''}")
+        table.rows.append(row)
+    flagged = [f"{x.mode} / {x.workload} ({x.change:+.0%})" for x in found if x.significant]
+    verdict = (f"{len(flagged)} of {len(found)} cells drift significantly: {', '.join(flagged)}. "
+               "Their spread includes the drift; between two campaigns it is part of the ratio."
+               if flagged else f"No cell of {len(found)} drifts significantly.")  # fmt: skip
+    return [("h3", "Drift inside the campaign"), ("p", verdict), ("table", table)]
+
+
 # What each mode ran on a host, named next to the mode (the provenance's preflight facts): the
 # runtime and its version, platform and flags, the accelerator, the workspace's transport.
 MODE_FACTS = (
@@ -300,6 +328,7 @@ def host_blocks(
     plot = plots.startup_range(t, plot_dir / f"{slug}-startup")
     blocks += [("plot", plot)] if plot else []
     blocks += sentinel_blocks(*sentinel, plot_dir / f"{slug}-sentinel")
+    blocks += trend_blocks(t)
     blocks += [("h3", "Coverage"), ("table", _coverage_table(t))]
     blocks += [("h3", "Failures and missing observations"), ("table", _failures_table(t))]
     blocks += [
