@@ -11,12 +11,19 @@ Refused (``CompareRefused``): two cohorts, no host in common, a host whose recor
 sides' keys signed differently (not the same machine), environments doing different work.
 
 The machine's own shift between two campaigns is measured per host by the machine-state
-sentinel (``coordinator.sentinel``): the ratio B / A of each calibration workload's median, and
-the one farthest from 1 is the host's ``Drift``. A faster/slower verdict is withheld (with why)
-when the drift goes the cell's way and ``|log drift| >= MASK_FRACTION * |log ratio|``: half of
-the cell's effect, or more, could be the machine's (``sentinel.drift_masks``). Two modes of one
+sentinel (``coordinator.sentinel``): the ratio B / A of each calibration workload's median, one
+per resource (CPU, fsync, metadata, page-cache reads); the one farthest from 1 is the host's
+``Drift`` as shown, and a cell's drift is the farthest of the resources its workload uses. A
+faster/slower verdict is withheld (with why) when that drift goes the cell's way and
+``|log drift| >= MASK_FRACTION * |log ratio|``: half of the cell's effect, or more, could be the
+machine's (``sentinel.drift_masks``). Two modes of one
 campaign share its time (the seeded order interleaves them), so they need no sentinel; two
 campaigns without one say so.
+
+What the interval covers is stated (``interval_covers``): between two campaigns it resamples
+environments within each campaign, so it knows nothing of how two campaigns of one
+configuration differ (``BETWEEN``, with the sound design for an A/B question); two modes of one
+campaign are interleaved by its seeded order (``WITHIN``).
 
 Each side's records are verified or not as ``report`` says (``coordinator.verdict``: the last
 ``verify``'s signed verdict over the bytes as they stand). Both sides' verdicts are stated; when
@@ -53,6 +60,16 @@ SAME = "no significant difference"
 EXPLORATORY = "exploratory"
 WITHHELD = "withheld"
 UNVERIFIED = "unverified"
+WITHIN = ("both sides are modes of one campaign: the seeded order interleaves their "
+          "environments, so the interval covers the noise of this comparison")  # fmt: skip
+BETWEEN = (
+    "the interval resamples each side's environments within its own campaign: it covers "
+    "within-campaign noise only, not how two campaigns of one configuration differ (the "
+    "machine's state and drift between and during them; the sentinel catches part of it), so "
+    "a verdict between two campaigns can be false (see the README's A/A figures). For an A/B "
+    "question make both configurations modes of one plan and compare ID:A_MODE ID:B_MODE, or "
+    "repeat campaigns on each side"
+)
 SAME_WORK = ("scale", "rounds")  # plan fields that set what one environment does
 NOTED_PLAN = ("environments", "limit_s", "quota", "vm", "seed")
 NOTED_FACTS = ("cpu_model", "cores", "memory_bytes", "kernel", "os", "cgroup", "harness.commit",
@@ -140,6 +157,7 @@ class Comparison:
     records_a: str = ""  # side A's records: "verified (...)" or why not
     records_b: str = ""
     no_verdict: str = ""  # why no cell has a verdict (a side's records are not verified)
+    interval_covers: str = ""  # what the 95% intervals account for (WITHIN or BETWEEN)
 
 
 def parse_side(text: str) -> tuple[str, str | None]:
@@ -206,6 +224,7 @@ def compare(a: Side, b: Side) -> Comparison:
     _check_same_work(a, b)
     out = Comparison(a.label, b.label, notes=_notes(a, b, pairs),
                      records_a=records_text(a), records_b=records_text(b))  # fmt: skip
+    out.interval_covers = WITHIN if a.campaign.id == b.campaign.id else BETWEEN
     seed = (int(a.campaign.plan.get("seed", 0)), int(b.campaign.plan.get("seed", 0)))
     for host, cohort in pairs:
         ta, tb = a.table(host, cohort), b.table(host, cohort)
@@ -304,8 +323,19 @@ def _compare_host(
             out.excluded.append(Excluded(ta.host, ta.cohort, workload, ma, mb, why))
             continue
         xa, xb = va[(ma, workload)], vb[(mb, workload)]
-        drift = out.drifts.get(ta.host)
-        out.cells.append(_cell(ta, workload, (ma, xa), (mb, xb), seed, drift))
+        out.cells.append(
+            _cell(ta, workload, (ma, xa), (mb, xb), seed, _drift(out, ta.host, workload))
+        )
+
+
+def _drift(out: Comparison, host: str, workload: str) -> Drift | None:
+    """The machine's shift that bears on ``workload``: the farthest from 1 of the calibrations
+    of the resources it uses (``sentinel.bearing_on``), None without a sentinel."""
+    worst = sentinel.largest(sentinel.bearing_on(out.sentinel.get(host, []), workload))
+    if worst is None:
+        return None
+    return Drift(worst.ratio, f"sentinel {worst.workload}, medians of {worst.n_a} and "
+                              f"{worst.n_b} points")  # fmt: skip
 
 
 def _cell(t: HostTables, workload: str, a: tuple[str, np.ndarray], b: tuple[str, np.ndarray],

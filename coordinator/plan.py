@@ -13,7 +13,7 @@ Example::
     modes = ["native", "staged", { name = "vm", workloads = ["workflow"] },
              { name = "runsc-do", template = ["runsc", "do", "{payload_argv}"] }]
     notes = ["why this plan looks the way it does"]
-    sentinel = true             # calibration points every 40 environments; false: none
+    sentinel = true             # calibration points every 80 environments; false: none
     [quota]
     cpus = "0,1"
     cpu_quota = 2.0

@@ -3,9 +3,11 @@
 Within a campaign the seeded order spreads the machine's own drift (a busy neighbour, a warm
 or cold disk) over every mode; between two campaigns nothing does, so a slower machine would
 pass for a slower mode. Each campaign therefore runs, on each host, a *point* of calibration
-environments (``workloads.calibration``: ``sentinel-cpu``, an interpreted integer loop, and
-``sentinel-fsync``, 4 KiB appends each fsynced; native mode, fixed work, each well under a
-second) at the start, after every K environments of the seeded order, and at the end.
+environments (``workloads.calibration``, one per resource a workload's time depends on:
+``sentinel-cpu``, an interpreted integer loop; ``sentinel-fsync``, 4 KiB appends each fsynced;
+``sentinel-meta``, small files created in new directories; ``sentinel-read``, a file read from
+the page cache; native mode, fixed work, each well under a second) at the start, after every K
+environments of the seeded order, and at the end.
 
 Sentinel environments are planned, run through the same gate, signed and stored like every
 other (``kind = "sentinel"`` on spec and record), and ``verify`` counts them for completeness;
@@ -13,7 +15,9 @@ they belong to no cell: the first-failure rule ignores them, and the result tabl
 and the coverage counts of the workloads never include them. The report plots them over the
 campaign's time and states their share of the environments' wall time; ``compare`` prints the
 ratio of their medians between two campaigns and withholds a faster/slower verdict when the
-machine's own shift is as large as the effect (see ``drift_masks``).
+machine's own shift, in a resource the cell's workload uses (``bearing_on``), is as large as the
+effect (see ``drift_masks``): a metadata drift withholds the metadata workloads' verdicts, not
+those of a workload that only writes and fsyncs.
 
 Plan option (``coordinator.plan``): ``sentinel = false`` turns it off; ``[sentinel]`` with
 ``every = K`` sets K (default ``DEFAULT_EVERY``).
@@ -32,7 +36,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.records import EnvironmentSpec
-from workloads.catalog import CALIBRATION
+from workloads.catalog import CALIBRATION, DECLARED
 
 KIND = "sentinel"
 MODE = "native"
@@ -44,7 +48,7 @@ LIMIT_S = 30.0  # at most the plan's limit
 # Environments between two points: the smoke preset (297 environments) then gets 9 points of
 # two environments of 0.1-0.3 s each (more on a busier machine): 1.33% of its environments'
 # wall time here (README); K = 30 gave 1.48% and 1.89%, too near the 2% budget.
-DEFAULT_EVERY = 40
+DEFAULT_EVERY = 80
 MAX_EVERY = 50_000  # the largest expansion per host (coordinator.plan.MAX_PLANNED)
 # compare withholds faster/slower when the sentinel moved the same way as the cell and at least
 # this fraction of the cell's own move, both as |log ratio| (0.5: half the effect, or more,
@@ -198,3 +202,20 @@ def ratios(a: SentinelTable | None, b: SentinelTable | None) -> list[SentinelRat
 def largest(found: list[SentinelRatio]) -> SentinelRatio | None:
     """The ratio farthest from 1 (in log terms): the machine's shift that compare assumes."""
     return max(found, key=lambda r: abs(math.log(r.ratio)), default=None)
+
+
+def resource_of(calibration: str) -> str | None:
+    """The resource a calibration workload measures (None: not one this version knows)."""
+    found = CALIBRATION.get(calibration)
+    return found.resources[0] if found is not None else None
+
+
+def bearing_on(found: list[SentinelRatio], workload: str) -> list[SentinelRatio]:
+    """The ratios of the calibrations that measure a resource ``workload`` uses
+    (``Declaration.resources``); all of them for a workload this version does not know, and when
+    none of its resources was measured (a campaign from before those calibrations)."""
+    declared = DECLARED.get(workload)
+    if declared is None:
+        return found
+    mine = [r for r in found if resource_of(r.workload) in declared.resources]
+    return mine or found

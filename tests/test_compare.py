@@ -21,17 +21,20 @@ import pytest
 from test_campaign_local import Lab, _campaign_id
 
 from coordinator.compare import (
+    BETWEEN,
     EXPLORATORY,
     FASTER,
     SAME,
     SLOWER,
     WITHHELD,
+    WITHIN,
     Drift,
     ratio_interval,
     verdict,
 )
-from coordinator.sentinel import drift_masks
+from coordinator.sentinel import SentinelRatio, bearing_on, drift_masks, largest, resource_of
 from coordinator.store import Store
+from workloads.catalog import CALIBRATION
 
 SLOW_SYNC_S = 0.05  # the slow mode's sync sleeps this long inside every round's clock
 PLAN = """
@@ -120,6 +123,7 @@ def test_two_modes_of_one_campaign(campaigns: Campaigns) -> None:
     medians = {r["mode"]: float(r["task_s_median"]) for r in rows}
     assert cell["median_a"] == pytest.approx(medians["native"], abs=1e-6)  # as the report says
     assert cell["median_b"] == pytest.approx(medians["slow-sync"], abs=1e-6)
+    assert doc["interval_covers"] == WITHIN  # interleaved by the seeded order
     same = _cell(campaigns.json("A:native", "A:native"), "native")
     assert same["ratio"] == 1.0 and same["low"] < 1 < same["high"] and same["verdict"] == SAME
 
@@ -137,8 +141,9 @@ def test_two_campaigns_cell_by_cell(campaigns: Campaigns) -> None:
             expected = WITHHELD
         assert x["verdict"] == expected
     assert doc["excluded"] == [] and doc["no_sentinel"] == []
+    assert doc["interval_covers"] == BETWEEN  # said plainly: within-campaign noise only
     found = doc["sentinel"]["lab-test"]
-    assert [r["workload"] for r in found] == ["sentinel-cpu", "sentinel-fsync"]
+    assert [r["workload"] for r in found] == list(CALIBRATION)
     for r in found:  # the start and end points of each campaign
         assert r["n_a"] == r["n_b"] == 2 and r["ratio"] == pytest.approx(
             r["median_b"] / r["median_a"]
@@ -147,6 +152,7 @@ def test_two_campaigns_cell_by_cell(campaigns: Campaigns) -> None:
     assert drift["ratio"] == farthest["ratio"] and farthest["workload"] in drift["source"]
     text = campaigns.compare("A", "B")
     assert "ratio = B / A" in text and "stat-tree" in text and "slow-sync" in text
+    assert f"interval: {BETWEEN}" in text
     assert "sentinel B / A on host lab-test: sentinel-cpu " in text and "withheld when" in text
     assert "sentinel" not in campaigns.compare("A:native", "A:slow-sync")  # one campaign
 
@@ -318,3 +324,20 @@ def test_ratio_interval_resamples_sides_independently() -> None:
     x = np.arange(1.0, 13.0)
     low, high = ratio_interval(x, x, (1, 1))
     assert low < 1 < high and (low, high) == ratio_interval(x, x, (1, 1))  # seeded
+
+
+def test_a_drift_withholds_only_the_workloads_that_use_its_resource() -> None:
+    """The sentinel measures each resource; a metadata drift bears on create-small (files in new
+    directories) but not on seq-write (one file, fsync), a CPU drift on every workload, and a
+    workload this version does not know on every calibration (the conservative reading)."""
+    found = [SentinelRatio(w, 3, 3, 0.01, 0.01 * r, r) for w, r in
+             (("sentinel-cpu", 1.02), ("sentinel-fsync", 0.99), ("sentinel-meta", 1.6),
+              ("sentinel-read", 1.01))]  # fmt: skip
+    assert {resource_of(r.workload) for r in found} == {"cpu", "fsync", "metadata", "read"}
+    assert largest(bearing_on(found, "create-small")).workload == "sentinel-meta"  # type: ignore[union-attr]
+    assert largest(bearing_on(found, "seq-write")).workload == "sentinel-cpu"  # type: ignore[union-attr]
+    assert bearing_on(found, "not-a-workload-here") == found
+    assert bearing_on(found[1:2], "stat-tree") == found[1:2]  # none of its resources measured
+    meta, cpu = Drift(1.6, "sentinel-meta"), Drift(1.02, "sentinel-cpu")
+    assert verdict(10, 10, 1.5, (1.3, 1.7), meta)[0] == WITHHELD  # create-small's view
+    assert verdict(10, 10, 1.5, (1.3, 1.7), cpu)[0] == SLOWER  # seq-write's view

@@ -36,7 +36,8 @@ modes = ["native", {{ name = "always-fails", template = ["/bin/false"] }}]
 [sentinel]
 every = {every}
 """
-CALIBRATIONS = ["sentinel-cpu", "sentinel-fsync"]
+CALIBRATIONS = ["sentinel-cpu", "sentinel-fsync", "sentinel-meta", "sentinel-read"]
+C = len(CALIBRATIONS)  # environments of one point
 
 
 def sentinel_positions(kinds: list[str]) -> list[int]:
@@ -54,7 +55,7 @@ def test_points_at_start_every_k_and_end() -> None:
     each the two calibrations in order, fixed work, native, numbered 0..3."""
     plan = parse_plan(PLAN.format(limit=90, every=5))
     specs = expand(plan, ["lab-a"], "c-1", "/w")
-    assert [s.order_index for s in specs] == list(range(12 + 4 * 2))
+    assert [s.order_index for s in specs] == list(range(12 + 4 * C))
     assert sentinel_positions([s.kind for s in specs]) == [0, 5, 10, 12]
     marks = [s for s in specs if s.kind == "sentinel"]
     assert [(s.workload, s.env_index) for s in marks] == [
@@ -77,7 +78,7 @@ def test_the_plan_turns_it_off_or_sets_k(setting: str, points: int) -> None:
     """sentinel = false (or every = 0) plans none; true or nothing plans the default K."""
     text = PLAN.format(limit=90, every=5).split("[sentinel]")[0] + setting + "\n"
     specs = expand(parse_plan(text), ["lab-a"], "c-1", "/w")
-    assert sum(s.kind == "sentinel" for s in specs) == 2 * points
+    assert sum(s.kind == "sentinel" for s in specs) == C * points
     assert sum(s.kind == "environment" for s in specs) == 12
 
 
@@ -131,11 +132,12 @@ def test_embedded_run_records_and_signs_the_sentinel(embedded: tuple[Lab, str, s
     assert sorted(r.key() for r in records) == sorted(s.key() for s in planned)
     assert sentinel_positions([r.kind for r in records]) == [0, 4, 8, 12]
     marks = [r for r in records if r.kind == "sentinel"]
-    assert len(marks) == 8 and all(r.outcome == "passed" and r.signature for r in marks)
+    assert len(marks) == 4 * C and all(r.outcome == "passed" and r.signature for r in marks)
     assert all(r.oracle and r.oracle.ok and len(r.rounds) == 3 for r in marks)
     assert all(r.wall_s and r.wall_s > sum(x.task_s for x in r.rounds) for r in marks)
     assert "records: verified" in stdout
-    line = "host lab-test, cohort default: sentinel: 8 of 8 calibration environments (4 points), "
+    line = (f"host lab-test, cohort default: sentinel: {4 * C} of {4 * C} calibration "
+            "environments (4 points), ")
     assert re.search(re.escape(line) + r"[\d.]+% of the environments' wall time \(", stdout)
     verify = lab.sandbench("verify", cid, "--data", str(lab.data), "--registry", str(lab.registry))
     assert f"({len(records)} records" in verify.stdout
@@ -168,12 +170,10 @@ def test_report_plots_the_sentinel_over_time(embedded: tuple[Lab, str, str]) -> 
     section = report.split("### Machine-state sentinel", 1)[1].split("### Coverage", 1)[0]
     share = re.search(r"share of the environments' wall time: ([\d.]+)% \(", section)
     assert share and 0 < float(share.group(1)) < 100, section
-    assert (
-        "| sentinel-cpu (ms) | 4 / 4 |" in section and "| sentinel-fsync (ms) | 4 / 4 |" in section
-    )
+    assert all(f"| {w} (ms) | 4 / 4 |" in section for w in CALIBRATIONS), section
     figure = (lab.data / cid / "plots" / "lab-test-default-sentinel.svg").read_text()
     points = re.findall(r"<path class='env' d='([^']*)'", figure)
-    assert [p.count("h0") for p in points] == [4, 4]  # one dot per point and calibration
+    assert [p.count("h0") for p in points] == [4] * C  # one dot per point and calibration
     assert "time into the campaign" in figure and "task time / its median" in figure
     html = (lab.data / cid / "report.html").read_text()
     assert "Machine-state sentinel over the campaign" in html
@@ -205,7 +205,7 @@ def test_failing_sentinel_points_all_run(tmp_path: Path) -> None:
     out = lab.sandbench("run", lab.plan(PLAN.format(limit=0.001, every=6)), *lab.run_args())
     cid = _campaign_id(out.stdout)
     marks = [r for r in _records(lab, cid) if r.kind == "sentinel"]
-    assert len(marks) == 6 and {(r.outcome, r.reason) for r in marks} == {("failed", "timeout")}
+    assert len(marks) == 3 * C and {(r.outcome, r.reason) for r in marks} == {("failed", "timeout")}
     assert "records: verified" in out.stdout
 
 
@@ -221,7 +221,7 @@ def test_fleet_dispatch_runs_the_sentinel(make_fleet: Any) -> None:
     wait_finished(fleet, campaign)
     store = Store(fleet.data)
     records = sorted(store.records(campaign, "lab-a"), key=lambda r: r.order_index)
-    assert len(records) == 4 + 3 * 2 and sentinel_positions([r.kind for r in records]) == [0, 2, 4]
+    assert len(records) == 4 + 3 * C and sentinel_positions([r.kind for r in records]) == [0, 2, 4]
     marks = [r for r in records if r.kind == "sentinel"]
     assert all(r.outcome == "passed" and r.signature for r in marks)
     assert {r.signature.key_id for r in marks if r.signature} == {fleet.hosts["lab-a"].key.key_id}

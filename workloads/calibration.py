@@ -1,8 +1,12 @@
 """Calibration environments of the machine-state sentinel: fixed work, not among the workloads.
 
-The sentinel (``coordinator.sentinel``) runs these in native mode at the start of a campaign,
-every K environments and at the end, so that the machine's own drift shows: within a campaign
-over its time, between two campaigns as a ratio. Their work never scales (every parameter is a
+Each measures one resource a workload's time depends on (``Declaration.resources``): the CPU
+(an interpreted loop), durable writes (4 KiB appends, each fsynced), file-system metadata
+(small files created in new directories, the directories fsynced, as create-small does) and
+page-cache reads (a fixture file read and hashed). The sentinel (``coordinator.sentinel``) runs
+these in native mode at the start of a campaign, every K environments and at the end, so that
+the machine's own drift shows: within a campaign over its time, between two campaigns as a
+ratio, per resource. Their work never scales (every parameter is a
 plain int) and is the same in every campaign. They are declared like workloads, so the payload
 runs them and the oracle checks them, but the catalog keeps them apart (``CALIBRATION``): they
 are not in ``workloads list``, a plan cannot name them, and no result table shows them.
@@ -14,24 +18,35 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 
 from workloads.kit import (
     Check,
     Declaration,
     KiB,
+    MiB,
     ModelState,
     Params,
     empty_dirs,
     fsync_path,
+    manifest,
+    put_file,
+    read_file,
     round_bytes,
     round_bytes_ahead,
     sha_file,
+    stream,
+    tree_dirs,
+    tree_paths,
     write_all,
+    write_new,
 )
 
 CPU_ITERATIONS = 150_000  # about 20 ms of one core in CPython 3.11 on a 2020s lab machine
 FSYNC_WRITES = 16  # each an fsync: about 20 ms on an SSD-backed ext4
 FSYNC_BLOCK = 4 * KiB
+META_FILES, META_DIRS, META_BLOCK = 64, 4, 4 * KiB  # about 20 ms on an SSD-backed ext4
+READ_BYTES = 8 * MiB  # read from the page cache and hashed: about 20 ms
 LCG_MULTIPLIER, LCG_INCREMENT, WORD = 1103515245, 12345, 0xFFFFFFFF
 
 
@@ -94,13 +109,72 @@ def evolve_fsync_loop(s: ModelState, seed: int, p: Params, rounds: int) -> None:
         )
 
 
+def _meta_bytes(seed: int, p: Params, k: int) -> bytes:
+    return round_bytes(seed, "sentinel-meta", k, p["files"] * p["file_bytes"])
+
+
+def meta_loop(root: str, seed: int, p: Params, k: int) -> Check:
+    """Create small files in new directories, fsync the directories (create-small in little).
+
+    Clock: the mkdirs, the file writes and the directories' fsyncs. After it: the read-back.
+    """
+    prefix, size = f"sentinel/meta-{k:02d}", p["file_bytes"]
+    data, paths = _meta_bytes(seed, p, k), tree_paths(prefix, p["files"], p["dirs"])
+    dirs = tree_dirs(prefix, p["files"], p["dirs"])
+    for d in dirs:
+        os.mkdir(os.path.join(root, d))
+    for i, rel in enumerate(paths):
+        write_new(os.path.join(root, rel), data[i * size : (i + 1) * size], sync=False)
+    for d in [*reversed(dirs), "sentinel"]:
+        fsync_path(os.path.join(root, d))
+
+    def check() -> tuple[str, bool]:
+        """The round's files read back."""
+        got = hashlib.sha256(b"".join(read_file(os.path.join(root, r)) for r in paths))
+        return got.hexdigest(), got.hexdigest() == hashlib.sha256(data).hexdigest()
+
+    return check
+
+
+def evolve_meta_loop(s: ModelState, seed: int, p: Params, rounds: int) -> None:
+    """Round k leaves the tree sentinel/meta-k."""
+    size = p["file_bytes"]
+    for k in range(1, rounds + 1):
+        prefix = f"sentinel/meta-{k:02d}"
+        s.mkdirs(*tree_dirs(prefix, p["files"], p["dirs"]))
+        data = _meta_bytes(seed, p, k)
+        for i, rel in enumerate(tree_paths(prefix, p["files"], p["dirs"])):
+            s.put(rel, data[i * size : (i + 1) * size])
+
+
+def read_loop(root: str, seed: int, p: Params, k: int) -> tuple[str, bool]:
+    """Read the fixture file (in the page cache since its copy) and hash it.
+
+    Clock: reading and hashing the whole file and the comparison with its recorded digest.
+    """
+    got = sha_file(os.path.join(root, "sentinel", "read.bin"))
+    want = read_file(os.path.join(root, "sentinel", "read.bin.sha256")).decode().split()[0]
+    return got, got == want
+
+
+def build_read_loop(dest: Path, seed: int, p: Params) -> None:
+    """The file to read and its sha256sum line."""
+    data = stream(seed, "sentinel-read", p["file_bytes"])
+    put_file(dest / "sentinel" / "read.bin", data)
+    put_file(dest / "sentinel" / "read.bin.sha256", manifest([("read.bin", data)]))
+
+
+def evolve_read_loop(s: ModelState, seed: int, p: Params, rounds: int) -> None:
+    """Reading changes nothing: the fixture stays."""
+
+
 DECLARED = (
     Declaration(
         number=1, name="sentinel-cpu", group="calibration", section="calibration",
         summary=f"an interpreted integer loop of {CPU_ITERATIONS:,} steps on one core",
         parameters={"iterations": CPU_ITERATIONS},
         round=cpu_loop, build=empty_dirs("sentinel"), evolve=evolve_cpu_loop,
-        seeded_fixture=False,
+        seeded_fixture=False, resources=("cpu",),
     ),
     Declaration(
         number=2, name="sentinel-fsync", group="calibration", section="calibration",
@@ -108,6 +182,21 @@ DECLARED = (
         parameters={"writes": FSYNC_WRITES, "block_bytes": FSYNC_BLOCK},
         round=fsync_loop, build=empty_dirs("sentinel"), evolve=evolve_fsync_loop,
         inputs=round_bytes_ahead("sentinel-fsync", lambda p: p["writes"] * p["block_bytes"]),
-        seeded_fixture=False,
+        seeded_fixture=False, resources=("fsync",),
+    ),
+    Declaration(
+        number=3, name="sentinel-meta", group="calibration", section="calibration",
+        summary=f"create {META_FILES} files x 4 KiB in {META_DIRS} new directories, fsync dirs",
+        parameters={"files": META_FILES, "dirs": META_DIRS, "file_bytes": META_BLOCK},
+        round=meta_loop, build=empty_dirs("sentinel"), evolve=evolve_meta_loop,
+        inputs=round_bytes_ahead("sentinel-meta", lambda p: p["files"] * p["file_bytes"]),
+        seeded_fixture=False, resources=("metadata",),
+    ),
+    Declaration(
+        number=4, name="sentinel-read", group="calibration", section="calibration",
+        summary=f"read and hash a {READ_BYTES // MiB} MiB file from the page cache",
+        parameters={"file_bytes": READ_BYTES},
+        round=read_loop, build=build_read_loop, evolve=evolve_read_loop,
+        resources=("read",),
     ),
 )  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any
 
 from workloads import reads, workflow, working_set, writes
 from workloads.calibration import DECLARED as CALIBRATION_DECLARED
-from workloads.kit import GROUPS, SECTIONS, Declaration, PayloadError
+from workloads.kit import GROUPS, RESOURCES, SECTIONS, Declaration, PayloadError
 
 MODULES = (writes, reads, working_set, workflow)
 
@@ -30,8 +30,16 @@ def collect(modules: Iterable[Any]) -> dict[str, Declaration]:
             raise PayloadError(f"{where}: the name is declared twice")
         if declared.group not in GROUPS or declared.section not in SECTIONS:
             raise PayloadError(f"{where}: group must be one of {GROUPS}, section of {SECTIONS}")
+        _check_resources(where, declared)
         by_name[declared.name] = declared
     return by_name
+
+
+def _check_resources(where: str, declared: Declaration) -> None:
+    """Resources are named from RESOURCES, once each."""
+    found = declared.resources
+    if not found or len(set(found)) != len(found) or not set(found) <= set(RESOURCES):
+        raise PayloadError(f"{where}: resources must be some of {RESOURCES}, once each")
 
 
 DECLARED = collect(MODULES)
@@ -40,6 +48,10 @@ DECLARED = collect(MODULES)
 def collect_calibration(declarations: Iterable[Declaration]) -> dict[str, Declaration]:
     """The calibration declarations by name; a name a workload already has is an error."""
     found = {d.name: d for d in declarations}
+    for d in found.values():
+        _check_resources(f"calibration {d.name!r}", d)
+        if len(d.resources) != 1:
+            raise PayloadError(f"calibration {d.name!r}: measures exactly one resource")
     if clash := sorted(set(found) & set(DECLARED)):
         raise PayloadError(f"calibration {clash[0]!r}: the name is a workload's")
     return found

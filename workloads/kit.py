@@ -23,6 +23,9 @@ MIN_BYTES = 4 * KiB  # --scale never shrinks a byte size below this
 MAX_ROUNDS = 10  # fixtures prepare state for rounds 1..MAX_ROUNDS (delete-tree's trees)
 GROUPS = ("mechanism", "resource", "workflow")
 SECTIONS = ("workflows", "writes", "reads", "resource")  # the report's sections, in its order
+# What a round's time depends on, as the machine-state sentinel measures it (one calibration
+# each): the interpreter's CPU, durable writes, file-system metadata, page-cache reads.
+RESOURCES = ("cpu", "fsync", "metadata", "read")
 
 
 class PayloadError(Exception):
@@ -82,6 +85,7 @@ class Declaration:
     shape: Shape | None = None
     ignore: tuple[str, ...] = ()  # non-deterministic paths, skipped by the oracle and digests
     seeded_fixture: bool = True  # False when the fixture holds no seeded content
+    resources: tuple[str, ...] = ("cpu",)  # of RESOURCES: what its time depends on
 
     @property
     def full_params(self) -> Params:

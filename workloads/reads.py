@@ -215,23 +215,27 @@ DECLARED = (
         4, "read-small", "mechanism", "reads",
         "read and hash all 2,048 files of the fixture tree (32 x 64)",
         tree_params(), read_small, build_tree("read-small"), evolve_nothing,
+        resources=("cpu", "read", "metadata"),
     ),
     Declaration(
         5, "stat-tree", "mechanism", "reads",
         "lstat every entry of the 2,048-file tree 4 times",
         tree_params(passes=4), stat_tree, build_tree("stat-tree"), evolve_nothing,
+        resources=("cpu", "metadata"),
     ),
     Declaration(
         6, "readdir-wide", "mechanism", "reads",
         "list one directory of 8,192 entries 8 times",
         {"entries": scaled_count(8192), "passes": 8},
         readdir_wide, build_readdir_wide, evolve_nothing, seeded_fixture=False,
+        resources=("cpu", "metadata"),
     ),
     Declaration(
         7, "read-large", "mechanism", "reads",
         "read a 64 MiB fixture file and verify its SHA-256",
         {"file_bytes": scaled_bytes(64 * MiB), "read_bytes": io_unit(MiB, "file_bytes")},
         read_large, build_read_large, evolve_nothing,
+        resources=("cpu", "read"),
     ),
     Declaration(
         10, "delete-tree", "mechanism", "reads",
@@ -239,11 +243,13 @@ DECLARED = (
         {"files": scaled_count(1024), "dirs": scaled_count(32, at_most="files"),
          "file_bytes": scaled_bytes(4 * KiB), "prepared_rounds": MAX_ROUNDS},
         delete_tree, build_delete_tree, evolve_delete_tree,
+        resources=("cpu", "metadata", "fsync"),
     ),
     Declaration(
         12, "copy-tree", "mechanism", "reads",
         "copy the 2,048-file tree into a new directory, fsync",
         tree_params(), copy_tree, build_tree("copy-tree", "copies"), evolve_copy_tree,
+        resources=("cpu", "read", "metadata", "fsync"),
     ),
 )
 # fmt: on

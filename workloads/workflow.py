@@ -407,12 +407,14 @@ DECLARED = (
         {"files": scaled_count(2048), "dirs": scaled_count(32, at_most="files"),
          "commits": scaled_count(200)},
         repo_inspect, build_repo, evolve_repo, ignore=REPO_IGNORE,
+        resources=("cpu", "read", "metadata", "fsync"),
     ),
     Declaration(
         18, "incremental-build", "workflow", "workflows",
         "edit one unit of a 64-unit C project, make -j2, run the binary, check the edit shows",
         {"units": scaled_count(64), "jobs": 2},
         incremental_build, build_project, evolve_project, ignore=BUILD_IGNORE,
+        resources=("cpu", "read", "metadata", "fsync"),
     ),
     Declaration(
         19, "publish", "workflow", "workflows",
@@ -420,6 +422,7 @@ DECLARED = (
         {"files": scaled_count(256), "file_bytes": scaled_bytes(16 * KiB)},
         publish, empty_dirs("pub"), evolve_publish, seeded_fixture=False,
         inputs=round_bytes_ahead("publish", lambda p: p["file_bytes"] * p["files"]),
+        resources=("cpu", "read", "metadata", "fsync"),
     ),
 )
 # fmt: on

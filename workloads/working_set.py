@@ -199,7 +199,7 @@ def declare(number: int, ws_mib: int, writers: int) -> Declaration:
          "file_bytes": scaled_bytes(ws_mib * MiB // 4), "writers": writers,
          "block_bytes": io_unit(WS_BLOCK, "file_bytes")},
         working_set, build_working_set, evolve_working_set,
-        inputs=make_ahead, shape=shape, seeded_fixture=False,
+        inputs=make_ahead, shape=shape, seeded_fixture=False, resources=("cpu", "fsync"),
     )  # fmt: skip
 
 

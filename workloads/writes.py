@@ -266,6 +266,7 @@ DECLARED = (
         {"file_bytes": scaled_bytes(4 * MiB), "write_bytes": io_unit(64 * KiB, "file_bytes")},
         seq_write, empty_dirs("seq"), evolve_seq_write, seeded_fixture=False,
         inputs=round_bytes_ahead("seq-write", lambda p: p["file_bytes"]),
+        resources=("cpu", "fsync"),
     ),
     Declaration(
         2, "sync-write", "mechanism", "writes",
@@ -273,6 +274,7 @@ DECLARED = (
         {"total_bytes": scaled_bytes(MiB), "write_bytes": io_unit(4 * KiB, "total_bytes")},
         sync_write, empty_dirs("sync"), evolve_sync_write, seeded_fixture=False,
         inputs=round_bytes_ahead("sync-write", lambda p: p["total_bytes"]),
+        resources=("cpu", "fsync"),
     ),
     Declaration(
         3, "create-small", "mechanism", "writes",
@@ -281,6 +283,7 @@ DECLARED = (
          "file_bytes": scaled_bytes(4 * KiB)},
         create_small, empty_dirs("create"), evolve_create_small, seeded_fixture=False,
         inputs=round_bytes_ahead("create-small", lambda p: p["files"] * p["file_bytes"]),
+        resources=("cpu", "metadata", "fsync"),
     ),
     Declaration(
         8, "rename-atomic", "mechanism", "writes",
@@ -288,6 +291,7 @@ DECLARED = (
         {"renames": scaled_count(512), "file_bytes": scaled_bytes(4 * KiB)},
         rename_atomic, build_rename_atomic, evolve_rename_atomic,
         inputs=round_bytes_ahead("rename-atomic", lambda p: p["file_bytes"] * p["renames"]),
+        resources=("cpu", "metadata", "fsync"),
     ),
     Declaration(
         9, "append-fsync", "mechanism", "writes",
@@ -295,12 +299,14 @@ DECLARED = (
         {"records": scaled_count(4096), "record_bytes": 256, "fsync_every": 64},
         append_fsync, build_append_fsync, evolve_append_fsync, seeded_fixture=False,
         inputs=round_bytes_ahead("append-fsync", lambda p: p["records"] * p["record_bytes"]),
+        resources=("cpu", "fsync"),
     ),
     Declaration(
         11, "mmap-write", "mechanism", "writes",
         "dirty every page of a 16 MiB mapped file, msync",
         {"file_bytes": scaled_bytes(16 * MiB), "page_bytes": PAGE},
         mmap_write, build_mmap_write, evolve_mmap_write,
+        resources=("cpu", "fsync"),
     ),
 )
 # fmt: on

@@ -31,8 +31,9 @@ from coordinator.units import UNIT_RULE, duration, fmt, unit_for
 
 RATIO_TEXT = "ratio = B / A (below 1: B is faster; above 1: B is slower)"
 MASK_RULE = (
-    "a faster or slower verdict is withheld when the drift goes the cell's way and |log drift| "
-    f"is at least {MASK_FRACTION:g} x the cell's |log ratio|"
+    "a faster or slower verdict is withheld when the drift of a resource the cell's workload "
+    f"uses goes the cell's way and its |log drift| is at least {MASK_FRACTION:g} x the cell's "
+    "|log ratio|"
 )
 CSV_COLUMNS = ["host", "cohort", "workload", "mode_a", "mode_b", "n_a", "n_b", "median_a_s",
                "median_b_s", "ratio", "ratio_low", "ratio_high", "verdict", "why"]  # fmt: skip
@@ -74,6 +75,7 @@ def header_lines(c: Comparison) -> list[str]:
     lines = [f"A = {c.a}; B = {c.b}; {RATIO_TEXT}",
              "per cell complete on both sides; both N >= 10: bootstrap 95% interval of the ratio "
              "and a verdict; otherwise exploratory (the ratio alone)",
+             f"interval: {c.interval_covers}",
              f"records of A: {c.records_a}", f"records of B: {c.records_b}"]  # fmt: skip
     for host, found in c.sentinel.items():
         shown = ", ".join(
