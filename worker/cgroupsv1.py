@@ -161,9 +161,23 @@ class CgroupV1(Cgroup):
         return found
 
     def remove(self) -> None:
-        """Kill leftovers and remove the directory from every hierarchy."""
+        """Kill leftovers, reclaim the memory charged to the cgroup, remove the directory from
+        every hierarchy."""
         if not any(d.exists() for d in self._unique_dirs()):
             return
         self.kill()
+        self.reclaim()
         for directory in self._unique_dirs():
             remove_dir(directory)
+
+    def reclaim(self) -> None:
+        """``memory.force_empty``: free (or move to the parent) every page still charged here.
+
+        Without it a removed memory cgroup lingers as a dying one, for as long as any page cache
+        or slab object charged to it lives: one per environment, hundreds per campaign, which
+        every later reclaim and every new cgroup's charging walks past (README: drift).
+        """
+        force = self.dirs["memory"] / "memory.force_empty"
+        if force.exists():
+            with contextlib.suppress(QuotaError):  # best effort: an rmdir follows in any case
+                write_file(force, "0")

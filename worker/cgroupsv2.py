@@ -248,7 +248,18 @@ class CgroupV2(Cgroup):
             return
         self.kill()
         for directory in self._subtree():
+            reclaim(directory)
             remove_dir(directory)
+
+
+def reclaim(directory: Path) -> None:
+    """``memory.reclaim`` (kernel >= 5.19) of everything ``memory.current`` still charges to
+    ``directory``, so that its removal leaves no dying cgroup behind (see CgroupV1.reclaim)."""
+    current, knob = directory / "memory.current", directory / "memory.reclaim"
+    with contextlib.suppress(OSError, ValueError, QuotaError):  # best effort (EAGAIN: not all)
+        charged = int(current.read_text())
+        if charged > 0 and knob.exists():
+            write_file(knob, str(charged))
 
 
 def move_processes(service: Path, leaf: str) -> None:

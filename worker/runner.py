@@ -492,7 +492,8 @@ class _Run:
             raise Stopped()
 
     def cleanup(self) -> None:
-        """Kill leftovers, let the mode clean up, remove the cgroup and the environment's files.
+        """Kill leftovers, let the mode clean up, remove the environment's files and then its
+        cgroup (which reclaims what is still charged to it, so no dying cgroup piles up).
 
         Problems are noted in the record's provenance (``cleanup``); a path outside the work
         root is never deleted (that raises: it is a bug, not a benchmark result).
@@ -506,15 +507,24 @@ class _Run:
                 self.mode.cleanup(self.env)
             except Exception as exc:  # go on: the cgroup and files must still be removed
                 problems.append(f"mode cleanup: {exc}")
-        if self.cgroup is not None:
+        if self.cgroup is not None:  # nothing may still write into the tree removed next
+            try:
+                self.cgroup.kill()
+            except SandbenchError as exc:
+                problems.append(str(exc))
+        if self.base is not None:  # first: unlinked files free their page cache at once
+            problems.extend(remove_tree(self.base, self.work_root))
+            try:  # the deletions written back, so the metadata pages they dirtied can go too
+                syncfs(self.work_root)
+            except OSError as exc:
+                problems.append(f"syncfs after removal: {exc}")
+        if self.cgroup is not None:  # then what is still charged is reclaimed and it goes
             try:
                 self.cgroup.remove()
             except SandbenchError as exc:
                 problems.append(str(exc))
-        if self.base is not None:
-            problems.extend(remove_tree(self.base, self.work_root))
-            if not problems:  # else the entry stays: the reaper finishes the job
-                ledger.release(self.work_root, self.base.name)
+        if self.base is not None and not problems:  # else the entry stays: the reaper finishes
+            ledger.release(self.work_root, self.base.name)
         if problems:
             self.fields.setdefault("provenance", {})["cleanup"] = problems
 
