@@ -264,9 +264,16 @@ def trend_blocks(t: HostTables) -> list[Block]:
             row.append("" if x is None else f"{x.change:+.0%}{' (sig.)' if x.significant else ''}")
         table.rows.append(row)
     flagged = [f"{x.mode} / {x.workload} ({x.change:+.0%})" for x in found if x.significant]
-    verdict = (f"{len(flagged)} of {len(found)} cells drift significantly: {', '.join(flagged)}. "
-               "Their spread includes the drift; between two campaigns it is part of the ratio."
-               if flagged else f"No cell of {len(found)} drifts significantly.")  # fmt: skip
+    tested = sum(x.p is not None for x in found)
+    if flagged:
+        verdict = (f"{len(flagged)} of the {tested} cells tested drift significantly: "
+                   f"{', '.join(flagged)}. Their spread includes the drift; between two campaigns "
+                   "it is part of the ratio.")  # fmt: skip
+    elif tested:
+        verdict = f"No cell of the {tested} tested drifts significantly."
+    else:
+        verdict = (f"No cell has the {MIN_N} passed environments a trend test needs: the changes "
+                   "are shown, untested.")  # fmt: skip
     return [("h3", "Drift inside the campaign"), ("p", verdict), ("table", table)]
 
 

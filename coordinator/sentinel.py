@@ -45,9 +45,10 @@ ROUNDS = 3
 SCALE = 1.0  # their parameters never scale anyway
 SEED = 0  # the same bytes in every campaign
 LIMIT_S = 30.0  # at most the plan's limit
-# Environments between two points: the smoke preset (297 environments) then gets 9 points of
-# two environments of 0.1-0.3 s each (more on a busier machine): 1.33% of its environments'
-# wall time here (README); K = 30 gave 1.48% and 1.89%, too near the 2% budget.
+# Environments between two points: the smoke preset (474 environments) then gets 7 points of
+# four environments of 0.1-0.3 s each: 1.12% of its environments' wall time here (README,
+# 2026-12-02). With two calibrations a point, K = 40 gave 1.33% and K = 30 1.48-1.89%: four at
+# K = 40 would be near the 2% budget.
 DEFAULT_EVERY = 80
 MAX_EVERY = 50_000  # the largest expansion per host (coordinator.plan.MAX_PLANNED)
 # compare withholds faster/slower when the sentinel moved the same way as the cell and at least

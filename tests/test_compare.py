@@ -124,6 +124,10 @@ def test_two_modes_of_one_campaign(campaigns: Campaigns) -> None:
     assert cell["median_a"] == pytest.approx(medians["native"], abs=1e-6)  # as the report says
     assert cell["median_b"] == pytest.approx(medians["slow-sync"], abs=1e-6)
     assert doc["interval_covers"] == WITHIN  # interleaved by the seeded order
+    report = (campaigns.lab.data / campaigns.ids["A"] / "report.md").read_text()
+    drift = report.split("### Drift inside the campaign", 1)[1]
+    assert re.match(r"\s+(No cell of the 2 tested drifts|\d of the 2 cells tested drift)", drift)
+    assert "| stat-tree | " in drift.split("\n\n")[2], drift[:600]  # workloads x modes
     same = _cell(campaigns.json("A:native", "A:native"), "native")
     assert same["ratio"] == 1.0 and same["low"] < 1 < same["high"] and same["verdict"] == SAME
 

@@ -27,19 +27,18 @@ from workloads.kit import (
     MiB,
     ModelState,
     Params,
+    create_tree,
     empty_dirs,
     fsync_path,
     manifest,
+    predict_tree,
     put_file,
     read_file,
     round_bytes,
     round_bytes_ahead,
     sha_file,
     stream,
-    tree_dirs,
-    tree_paths,
     write_all,
-    write_new,
 )
 
 CPU_ITERATIONS = 150_000  # about 20 ms of one core in CPython 3.11 on a 2020s lab machine
@@ -118,33 +117,13 @@ def meta_loop(root: str, seed: int, p: Params, k: int) -> Check:
 
     Clock: the mkdirs, the file writes and the directories' fsyncs. After it: the read-back.
     """
-    prefix, size = f"sentinel/meta-{k:02d}", p["file_bytes"]
-    data, paths = _meta_bytes(seed, p, k), tree_paths(prefix, p["files"], p["dirs"])
-    dirs = tree_dirs(prefix, p["files"], p["dirs"])
-    for d in dirs:
-        os.mkdir(os.path.join(root, d))
-    for i, rel in enumerate(paths):
-        write_new(os.path.join(root, rel), data[i * size : (i + 1) * size], sync=False)
-    for d in [*reversed(dirs), "sentinel"]:
-        fsync_path(os.path.join(root, d))
-
-    def check() -> tuple[str, bool]:
-        """The round's files read back."""
-        got = hashlib.sha256(b"".join(read_file(os.path.join(root, r)) for r in paths))
-        return got.hexdigest(), got.hexdigest() == hashlib.sha256(data).hexdigest()
-
-    return check
+    return create_tree(root, f"sentinel/meta-{k:02d}", "sentinel", _meta_bytes(seed, p, k), p)
 
 
 def evolve_meta_loop(s: ModelState, seed: int, p: Params, rounds: int) -> None:
     """Round k leaves the tree sentinel/meta-k."""
-    size = p["file_bytes"]
     for k in range(1, rounds + 1):
-        prefix = f"sentinel/meta-{k:02d}"
-        s.mkdirs(*tree_dirs(prefix, p["files"], p["dirs"]))
-        data = _meta_bytes(seed, p, k)
-        for i, rel in enumerate(tree_paths(prefix, p["files"], p["dirs"])):
-            s.put(rel, data[i * size : (i + 1) * size])
+        predict_tree(s, f"sentinel/meta-{k:02d}", _meta_bytes(seed, p, k), p)
 
 
 def read_loop(root: str, seed: int, p: Params, k: int) -> tuple[str, bool]:

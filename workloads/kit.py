@@ -181,6 +181,36 @@ def tree_dirs(prefix: str, files: int, dirs: int) -> list[str]:
     return [prefix] + [f"{prefix}/d{i:02d}" for i in range(-(-files // per_dir))]
 
 
+def create_tree(root: str, prefix: str, parent: str, data: bytes, p: Params) -> Check:
+    """Create ``p["files"]`` files of ``p["file_bytes"]`` (slices of ``data``) in
+    ``p["dirs"]`` new directories under ``prefix``, then fsync the directories and ``parent``
+    (no file's own fsync); the check that reads them back. create-small and the sentinel's
+    metadata calibration are this."""
+    size, paths = p["file_bytes"], tree_paths(prefix, p["files"], p["dirs"])
+    dirs = tree_dirs(prefix, p["files"], p["dirs"])
+    for d in dirs:
+        os.mkdir(os.path.join(root, d))
+    for i, rel in enumerate(paths):
+        write_new(os.path.join(root, rel), data[i * size : (i + 1) * size], sync=False)
+    for d in [*reversed(dirs), parent]:
+        fsync_path(os.path.join(root, d))
+
+    def check() -> tuple[str, bool]:
+        """Read the files back."""
+        got = hashlib.sha256(b"".join(read_file(os.path.join(root, r)) for r in paths))
+        return got.hexdigest(), got.hexdigest() == hashlib.sha256(data).hexdigest()
+
+    return check
+
+
+def predict_tree(s: ModelState, prefix: str, data: bytes, p: Params) -> None:
+    """The model of ``create_tree``: its directories and files."""
+    size = p["file_bytes"]
+    s.mkdirs(*tree_dirs(prefix, p["files"], p["dirs"]))
+    for i, rel in enumerate(tree_paths(prefix, p["files"], p["dirs"])):
+        s.put(rel, data[i * size : (i + 1) * size])
+
+
 # ---------------------------------------------------------------- file helpers
 
 

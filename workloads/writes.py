@@ -20,19 +20,18 @@ from workloads.kit import (
     MiB,
     ModelState,
     Params,
+    create_tree,
     empty_dirs,
     fsync_path,
     io_unit,
+    predict_tree,
     put_file,
-    read_file,
     round_bytes,
     round_bytes_ahead,
     scaled_bytes,
     scaled_count,
     sha_file,
     stream,
-    tree_dirs,
-    tree_paths,
     write_all,
     write_new,
 )
@@ -92,33 +91,15 @@ def create_small(root: str, seed: int, p: Params, k: int) -> Check:
 
     Clock: the mkdirs, the file writes and the directories' fsyncs. After it: the read-back.
     """
-    paths = tree_paths(f"create/round-{k:02d}", p["files"], p["dirs"])
-    data, size = round_bytes(seed, "create-small", k, p["files"] * p["file_bytes"]), p["file_bytes"]
-    dirs = tree_dirs(f"create/round-{k:02d}", p["files"], p["dirs"])
-    for d in dirs:
-        os.mkdir(os.path.join(root, d))
-    for i, rel in enumerate(paths):
-        write_new(os.path.join(root, rel), data[i * size : (i + 1) * size], sync=False)
-    for d in [*reversed(dirs), "create"]:
-        fsync_path(os.path.join(root, d))
-
-    def check() -> tuple[str, bool]:
-        """Read the round's files back."""
-        got = hashlib.sha256(b"".join(read_file(os.path.join(root, r)) for r in paths))
-        return got.hexdigest(), got.hexdigest() == hashlib.sha256(data).hexdigest()
-
-    return check
+    data = round_bytes(seed, "create-small", k, p["files"] * p["file_bytes"])
+    return create_tree(root, f"create/round-{k:02d}", "create", data, p)
 
 
 def evolve_create_small(s: ModelState, seed: int, p: Params, rounds: int) -> None:
     """Round k leaves the tree create/round-k."""
-    size = p["file_bytes"]
     for k in range(1, rounds + 1):
-        prefix = f"create/round-{k:02d}"
-        s.mkdirs(*tree_dirs(prefix, p["files"], p["dirs"]))
-        data = round_bytes(seed, "create-small", k, p["files"] * size)
-        for i, rel in enumerate(tree_paths(prefix, p["files"], p["dirs"])):
-            s.put(rel, data[i * size : (i + 1) * size])
+        data = round_bytes(seed, "create-small", k, p["files"] * p["file_bytes"])
+        predict_tree(s, f"create/round-{k:02d}", data, p)
 
 
 # ---------------------------------------------------------------- rename-atomic
