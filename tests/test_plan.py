@@ -21,6 +21,7 @@ from coordinator.plan import (
 )
 from tasks.errors import PlanError
 from worker.modes import BUILTIN_MODES
+from workloads.catalog import CALIBRATION
 from workloads.registry import WORKLOADS
 
 PLAN = """
@@ -114,8 +115,9 @@ def test_seeded_order_is_reproducible_per_seed_and_host() -> None:
     assert sorted(first) == sorted(order(plan.model_copy(update={"seed": 8})))
     specs = expand(plan, ["lab-a", "lab-b"], "c-1", "/w")
     lab_b = [s.order_index for s in specs if s.host == "lab-b"]
-    assert lab_b == list(range(16 + 4))  # 16 environments and two sentinel points of two
-    assert len({s.task_id for s in specs}) == 40
+    points = 2 * len(CALIBRATION)  # two sentinel points, each every calibration once
+    assert lab_b == list(range(16 + points))  # 16 environments and the sentinel
+    assert len({s.task_id for s in specs}) == 2 * (16 + points)
 
 
 def smoke_expansion() -> str:
