@@ -173,9 +173,10 @@ class CgroupV1(Cgroup):
     def reclaim(self) -> None:
         """``memory.force_empty``: free (or move to the parent) every page still charged here.
 
-        Without it a removed memory cgroup lingers as a dying one, for as long as any page cache
-        or slab object charged to it lives: one per environment, hundreds per campaign, which
-        every later reclaim and every new cgroup's charging walks past (README: drift).
+        Without it a removed memory cgroup lingers as a dying one for as long as any page
+        charged to it stays cached (on ext4: the metadata pages an environment brought in), one
+        per environment. The runner writes the deletions back first (a dirty page cannot be
+        freed here). This is hygiene: it did not remove the metadata drift (README).
         """
         force = self.dirs["memory"] / "memory.force_empty"
         if force.exists():
