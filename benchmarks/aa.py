@@ -3,13 +3,13 @@
 Two campaigns of one plan on one quiet machine differ only by chance, so a sound comparison
 gives "no significant difference" for about 95% of their cells. This script runs ``--pairs``
 pairs of campaigns of the plan below back to back (embedded ``sandbench run``, one key home),
-compares each pair with ``coordinator.compare`` and prints:
+compares each pair with ``coordinator.results.compare`` and prints:
 
 * the false-verdict rate: A/A cells with a faster or slower verdict, with the count, and the
   cells withheld because the sentinel said the machine moved;
 * the sentinel's view of each pair (calibration ratios B / A);
-* the drift inside each campaign (``coordinator.trend``: each cell's change over the run order,
-  ``*`` where it is significant after Holm's correction);
+* the drift inside each campaign (``coordinator.results.trend``: each cell's change over the run
+  order, ``*`` where it is significant after Holm's correction);
 * with ``--effect``, a third campaign E per pair with a known injected effect, compared with A.
 
 The plan has the A/A modes and, per workload W, a command mode ``probe-W`` (native's payload
@@ -38,11 +38,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from coordinator.compare import FASTER, SAME, SLOWER, WITHHELD, Cell, compare, load_side  # noqa: E402
-from coordinator.registry import HostRegistry  # noqa: E402
-from coordinator.report import analyze_stored  # noqa: E402
-from coordinator.store import Store  # noqa: E402
-from coordinator.trend import cell_trends  # noqa: E402
+from coordinator.results.analysis import analyze_stored  # noqa: E402
+from coordinator.results.compare import FASTER, SAME, SLOWER, WITHHELD, Cell, compare, load_side  # noqa: E402
+from coordinator.results.trend import cell_trends  # noqa: E402
+from coordinator.store.store import Store  # noqa: E402
+from coordinator.store.trust import HostRegistry  # noqa: E402
 
 WORKLOADS = ("publish", "seq-write", "create-small", "repo-inspect")
 MODES = ("native", "host", "staged")

@@ -28,10 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from coordinator.analysis import analyze
-from coordinator.report import write_report
-from coordinator.store import Store
-from coordinator.views import record_views
+from coordinator.results.analysis import analyze
+from coordinator.results.report import write_report
+from coordinator.store.store import Store
+from coordinator.store.views import record_views
 from tasks.records import (
     NOT_RUN_RULE,
     EnvironmentRecord,

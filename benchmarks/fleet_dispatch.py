@@ -30,9 +30,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from coordinator.dispatch import dispatch_specs, send_specs, with_task_ids  # noqa: E402
-from coordinator.fleet import STORED_AT_KEY  # noqa: E402
-from coordinator.store import Store  # noqa: E402
+from coordinator.fleet.coordinator import STORED_AT_KEY  # noqa: E402
+from coordinator.fleet.dispatch import dispatch_specs, send_specs, with_task_ids  # noqa: E402
+from coordinator.store.store import Store  # noqa: E402
 from tasks.app import TASK_RUN, create_app, host_queue  # noqa: E402
 from tasks.records import EnvironmentSpec  # noqa: E402
 from tasks.spec_signing import check_spec  # noqa: E402

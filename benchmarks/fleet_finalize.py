@@ -30,11 +30,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from coordinator.campaign import expand  # noqa: E402
-from coordinator.dispatch import with_task_ids  # noqa: E402
-from coordinator.plan import parse_plan  # noqa: E402
-from coordinator.registry import REGISTRY_FILE, HostRegistry, own_coordinator_key  # noqa: E402
-from coordinator.store import Store  # noqa: E402
+from coordinator.fleet.dispatch import with_task_ids  # noqa: E402
+from coordinator.plan.campaign import expand  # noqa: E402
+from coordinator.plan.file import parse_plan  # noqa: E402
+from coordinator.store.store import Store  # noqa: E402
+from coordinator.store.trust import REGISTRY_FILE, HostRegistry, own_coordinator_key  # noqa: E402
 from tasks.records import EnvironmentRecord, RoundRecord, failed_fields  # noqa: E402
 from tasks.signing import COORDINATOR_KEY_FILE, HostKey, sign_record  # noqa: E402
 
@@ -105,8 +105,8 @@ def finalize_child(root: str) -> None:
     """In a fresh process: finalize the host; print seconds and memory as JSON."""
     import redis
 
-    import coordinator.report  # noqa: F401  # imported before the base is taken (pandas)
-    from coordinator.fleet import Coordinator
+    import coordinator.results.report  # noqa: F401  # imported before the base is taken (pandas)
+    from coordinator.fleet.coordinator import Coordinator
     from tasks.app import create_app
 
     base_kib = peak_rss_kib()

@@ -34,9 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.traced import TRACE_ENV  # noqa: E402
-from coordinator.dispatch import send_specs, watch_campaign, with_task_ids  # noqa: E402
-from coordinator.fleet import STORED_AT_KEY  # noqa: E402
-from coordinator.store import Store  # noqa: E402
+from coordinator.fleet.coordinator import STORED_AT_KEY  # noqa: E402
+from coordinator.fleet.dispatch import send_specs, watch_campaign, with_task_ids  # noqa: E402
+from coordinator.store.store import Store  # noqa: E402
 from tasks.app import create_app  # noqa: E402
 from tasks.outbox import Outbox  # noqa: E402
 from tasks.records import EnvironmentSpec  # noqa: E402

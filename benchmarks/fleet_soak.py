@@ -32,8 +32,8 @@ sys.path.insert(0, str(REPO))
 
 import redis  # noqa: E402
 
-from coordinator.status import campaign_status  # noqa: E402
-from coordinator.store import Store  # noqa: E402
+from coordinator.fleet.status import campaign_status  # noqa: E402
+from coordinator.store.store import Store  # noqa: E402
 from tests.fleet_helpers import Fleet, dispatch, write_plan  # noqa: E402
 from tests.leftovers import hold, holding_python, leftovers  # noqa: E402
 

@@ -20,10 +20,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from coordinator.chain import linked_line  # noqa: E402
-from coordinator.policy import verify_campaign  # noqa: E402
-from coordinator.registry import HostRegistry  # noqa: E402
-from coordinator.store import Store  # noqa: E402
+from coordinator.store.chain import linked_line  # noqa: E402
+from coordinator.store.policy import verify_campaign  # noqa: E402
+from coordinator.store.store import Store  # noqa: E402
+from coordinator.store.trust import HostRegistry  # noqa: E402
 from tasks.records import EnvironmentRecord, EnvironmentSpec, RoundRecord  # noqa: E402
 from tasks.signing import CoordinatorKey, HostKey, sign_record  # noqa: E402
 from tasks.spec_signing import signed_spec_data  # noqa: E402

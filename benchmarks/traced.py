@@ -34,13 +34,13 @@ STEPS = {
     "send": ("worker.fleet", "hand_over"),
     "provenance check": ("worker.fleet", "send_provenance"),
     "task": ("worker.fleet", "execute"),
-    "coordinator verify": ("coordinator.fleet", "Coordinator.check"),
-    "append": ("coordinator.store", "Store.append_records"),
-    "chain link": ("coordinator.hostlog", "linked_line"),
-    "fsync": ("coordinator.intake", "sync_file"),
-    "ack and stored mark": ("coordinator.intake", "Intake._commit"),
-    "finalize check": ("coordinator.intake", "Intake._may_be_complete"),
-    "intake batch": ("coordinator.intake", "Intake.handle"),
+    "coordinator verify": ("coordinator.fleet.coordinator", "Coordinator.check"),
+    "append": ("coordinator.store.store", "Store.append_records"),
+    "chain link": ("coordinator.store.hostlog", "linked_line"),
+    "fsync": ("coordinator.fleet.intake", "sync_file"),
+    "ack and stored mark": ("coordinator.fleet.intake", "Intake._commit"),
+    "finalize check": ("coordinator.fleet.intake", "Intake._may_be_complete"),
+    "intake batch": ("coordinator.fleet.intake", "Intake.handle"),
 }
 
 

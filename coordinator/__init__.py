@@ -1,4 +1,8 @@
-"""sandbench coordinator: plan -> campaign -> dispatch; store; policy; analysis; report.
+"""sandbench coordinator, in the order of the data flow: plan, local or fleet, store, results.
+
+``plan`` validates a plan and expands a campaign; ``local`` (embedded) or ``fleet`` (broker)
+runs it; ``store`` keeps, chains and verifies the records; ``results`` finalizes hosts and makes
+the tables, report and comparisons; ``cli`` is the command line.
 
 Glossary (use these words, and only these, for these things):
 
@@ -35,5 +39,5 @@ sentinel
     The machine-state sentinel: fixed calibration environments (``sentinel-cpu``,
     ``sentinel-fsync``; native, not workloads) run at the start of a campaign, every K
     environments and at the end; recorded like every environment but in no cell
-    (``coordinator.sentinel``).
+    (``coordinator.plan.sentinel``).
 """

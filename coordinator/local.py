@@ -26,11 +26,11 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from coordinator.campaign import expand, new_campaign_id
-from coordinator.plan import Plan
-from coordinator.registry import HostRegistry
-from coordinator.store import Store
-from coordinator.walltime import WallSplit
+from coordinator.plan.campaign import expand, new_campaign_id
+from coordinator.plan.file import Plan
+from coordinator.results.walltime import WallSplit
+from coordinator.store.store import Store
+from coordinator.store.trust import HostRegistry
 from tasks.errors import SandbenchError, StoreError
 from tasks.names import check_name
 from tasks.paths import DEFAULT_WORK_ROOT

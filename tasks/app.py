@@ -1,8 +1,8 @@
 """The Celery app of the fleet: broker and result backend from configuration, JSON only.
 
 Both sides build the same app and agree on the task and queue names here; each registers only
-its own tasks (``worker.fleet`` on a lab host, ``coordinator.fleet`` on the coordinator) and
-sends the other's by name.
+its own tasks (``worker.fleet`` on a lab host, ``coordinator.fleet.coordinator`` on the
+coordinator) and sends the other's by name.
 
 Every setting that shapes delivery is explicit here (see the design's "Celery facts"):
 late acks, reject on worker loss, prefetch 1 with prefetch disabled beyond the running

@@ -99,7 +99,7 @@ class EnvironmentSpec(BaseModel):
     work_root: str
     # mode-specific settings, e.g. the command template of a ``command`` mode
     mode_options: dict[str, Any] = Field(default_factory=dict)
-    kind: Kind = "environment"  # a sentinel is in no cell: see ``coordinator.sentinel``
+    kind: Kind = "environment"  # a sentinel is in no cell: see ``coordinator.plan.sentinel``
     # Who sent it: the coordinator key's id and its signature over the spec's canonical JSON
     # (every other field); workers run only specs their trusted coordinator key signed.
     coordinator_key: str | None = None

@@ -3,7 +3,7 @@
 A host's key lives in ``$SANDBENCH_HOME/host.key`` (PKCS#8 PEM, mode 0600) with the host
 name beside it in ``host.name``; the coordinator's in ``$SANDBENCH_HOME/coordinator.key``. The
 trusted registry of the coordinator is ``$SANDBENCH_HOME/hosts.json`` (see
-``coordinator.registry``; ``tasks.paths`` defines the home); a worker trusts one coordinator
+``coordinator.store.trust``; ``tasks.paths`` defines the home); a worker trusts one coordinator
 public key (``worker.config``).
 
 What a record's host signature covers: the record's JSON object without ``signature``,

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
-from coordinator.registry import own_coordinator_key
-from coordinator.store import Store
+from coordinator.store.store import Store
+from coordinator.store.trust import own_coordinator_key
 from tasks.records import EnvironmentRecord
 from tasks.signing import COORDINATOR_KEY_FILE, CoordinatorKey, HostKey
 from tests.conftest import require, require_binary
@@ -330,7 +330,7 @@ class Fleet:
 
     def register_hosts(self, names: list[str] | None = None) -> None:
         """Trust the named hosts' keys in the coordinator's registry (all hosts by default)."""
-        from coordinator.registry import HostRegistry
+        from coordinator.store.trust import HostRegistry
 
         registry = HostRegistry(self.coordinator_home / "hosts.json")
         for name in names or list(self.hosts):

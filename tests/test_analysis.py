@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from coordinator.analysis import Analysis, HostTables, analyze, bootstrap_ci
+from coordinator.results.analysis import Analysis, HostTables, analyze, bootstrap_ci
 from tasks.records import (
     NOT_RUN_RULE,
     EnvironmentRecord,

@@ -15,10 +15,10 @@ import psutil
 import pytest
 import redis
 
-from coordinator.campaign import expand
-from coordinator.dispatch import with_task_ids
-from coordinator.plan import parse_plan
-from coordinator.store import Store
+from coordinator.fleet.dispatch import with_task_ids
+from coordinator.plan.campaign import expand
+from coordinator.plan.file import parse_plan
+from coordinator.store.store import Store
 from tasks.app import checked_broker_url
 from tasks.broker import check_broker
 from tasks.errors import FleetError

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.store import Store
+from coordinator.store.store import Store
 from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, SCHEMA_VERSION
 from tasks.signing import HostKey
 from tests.conftest import files_of

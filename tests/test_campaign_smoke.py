@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.plan import preset
-from coordinator.sentinel import points
-from coordinator.store import Store
+from coordinator.plan.file import preset
+from coordinator.plan.sentinel import points
+from coordinator.store.store import Store
 from worker.modes import BUILTIN_MODES
 from workloads.catalog import CALIBRATION
 

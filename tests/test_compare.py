@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from test_campaign_local import Lab, _campaign_id
 
-from coordinator.compare import (
+from coordinator.plan.sentinel import SentinelRatio, bearing_on, drift_masks, largest, resource_of
+from coordinator.results.compare import (
     BETWEEN,
     EXPLORATORY,
     FASTER,
@@ -32,8 +33,7 @@ from coordinator.compare import (
     ratio_interval,
     verdict,
 )
-from coordinator.sentinel import SentinelRatio, bearing_on, drift_masks, largest, resource_of
-from coordinator.store import Store
+from coordinator.store.store import Store
 from workloads.catalog import CALIBRATION
 
 SLOW_SYNC_S = 0.05  # the slow mode's sync sleeps this long inside every round's clock

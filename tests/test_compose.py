@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from coordinator.store import Store
+from coordinator.store.store import Store
 from tests.conftest import REPO, require, require_binary
 from tests.fleet_helpers import free_port, wait_until, write_plan
 from tests.flower_view import ACTIONS, FlowerView

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.store import Store
+from coordinator.store.store import Store
 from tasks.app import TASK_STORE, create_app
 from tasks.records import EnvironmentRecord
 from tasks.signing import HostKey, sign_record

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.store import Store
+from coordinator.store.store import Store
 from tests.conftest import require
 from tests.fleet_helpers import (
     OPS_APPENDFSYNC,

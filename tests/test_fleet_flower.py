@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from coordinator.flower import FAILED_FILTER
-from coordinator.store import Store
+from coordinator.fleet.flower import FAILED_FILTER
+from coordinator.store.store import Store
 from tests.fleet_helpers import (
     PYTHON,
     Fleet,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.registry import HostRegistry
+from coordinator.store.trust import HostRegistry
 from tasks.errors import SpecRefused
 from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, EnvironmentSpec
 from tasks.signing import CoordinatorKey, HostKey, verify_record

@@ -11,6 +11,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 # Bottom to top: a package may import only packages at or below its own layer.
 LAYERS = ("tasks", "workloads", "worker", "coordinator")
+# The coordinator's own floors, bottom to top, in the order of the data flow: a plan, the store
+# of its records, the results made from them, the two transports that run a campaign (neither
+# imports the other), the command line.
+FLOORS = (
+    ("coordinator.plan",),
+    ("coordinator.store",),
+    ("coordinator.results",),
+    ("coordinator.local", "coordinator.fleet"),
+    ("coordinator.cli",),
+    ("coordinator.__main__",),
+)
 Graph = dict[str, set[str]]
 
 
@@ -110,6 +121,48 @@ def test_no_package_imports_one_above_it() -> None:
     graph = import_graph(module_files())
     assert graph, "the import walk found no imports at all"
     assert upward_imports(graph) == []
+
+
+def floor_of(module: str) -> tuple[int, str] | None:
+    """The coordinator floor of ``module`` and the part of it (``None`` outside them)."""
+    for i, parts in enumerate(FLOORS):
+        for part in parts:
+            if module == part or module.startswith(part + "."):
+                return i, part
+    return None
+
+
+def floor_violations(graph: Graph) -> list[str]:
+    """Coordinator imports up a floor, or across the two transports."""
+    out = []
+    for a, targets in sorted(graph.items()):
+        for b in sorted(targets):
+            fa, fb = floor_of(a), floor_of(b)
+            if fa is None or fb is None:
+                continue
+            if fb[0] > fa[0] or (fa[0] == fb[0] and fa[1] != fb[1]):
+                out.append(f"{a} imports {b}")
+    return out
+
+
+def test_the_coordinator_floors_follow_the_data_flow() -> None:
+    """plan < store < results < transports (local, fleet: apart) < cli; nothing imports upward."""
+    modules = module_files()
+    assert all(floor_of(m) for m in modules if m.startswith("coordinator.")), "off the floors"
+    assert floor_violations(import_graph(modules)) == []
+
+
+def test_the_floor_check_sees_an_upward_import() -> None:
+    """A store module importing a result module, and local importing the fleet, are flagged."""
+    graph = {
+        "coordinator.store.x": {"coordinator.results.y"},
+        "coordinator.local": {"coordinator.fleet.z"},
+        "coordinator.results.y": {"coordinator.store.x"},
+    }
+    assert floor_violations(graph) == [
+        "coordinator.local imports coordinator.fleet.z",
+        "coordinator.store.x imports coordinator.results.y",
+    ]
 
 
 def test_the_four_packages_have_no_import_cycle() -> None:

@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from coordinator.dispatch import with_task_ids
-from coordinator.fleet import (
+from coordinator.fleet.coordinator import (
     DUPLICATES_KEY,
     REJECTED_KEY,
     REPORT_EVERY_ENV,
@@ -21,9 +20,10 @@ from coordinator.fleet import (
     STORED_AT_KEY,
     Coordinator,
 )
-from coordinator.intake import UNREADABLE_KEY, Intake
-from coordinator.registry import HostRegistry
-from coordinator.store import Store
+from coordinator.fleet.dispatch import with_task_ids
+from coordinator.fleet.intake import UNREADABLE_KEY, Intake
+from coordinator.store.store import Store
+from coordinator.store.trust import HostRegistry
 from tasks.app import COORDINATOR_QUEUE, RECORDS_QUEUE, TASK_FINALIZE, create_app
 from tasks.outbox import Outbox, add_record
 from tasks.records import EnvironmentRecord, EnvironmentSpec

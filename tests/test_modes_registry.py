@@ -6,7 +6,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-from coordinator.plan import SMOKE_VM_WORKLOADS, preset
+from coordinator.plan.file import SMOKE_VM_WORKLOADS, preset
 from worker.modes import BUILTIN_MODES, REGISTRY, Mode, get_mode, tool_commands
 from worker.modes.base import EnvContext, HostInfo, Preflight
 from worker.provenance import collect

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from coordinator.campaign import expand, new_campaign_id
-from coordinator.plan import parse_plan
-from coordinator.store import Store
+from coordinator.plan.campaign import expand, new_campaign_id
+from coordinator.plan.file import parse_plan
+from coordinator.store.store import Store
 from tasks.errors import InvalidName
 from tasks.names import NAME_RULE, check_name, is_name
 from tasks.records import EnvironmentRecord, EnvironmentSpec, RoundRecord

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 
-from coordinator.dispatch import send_specs, with_task_ids
+from coordinator.fleet.dispatch import send_specs, with_task_ids
 from tasks.app import TASK_RUN, create_app, host_queue
 from tasks.outbox import Outbox
 from tasks.records import EnvironmentSpec

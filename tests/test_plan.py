@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.campaign import describe, expand, new_campaign_id
-from coordinator.plan import (
+from coordinator.plan.campaign import describe, expand, new_campaign_id
+from coordinator.plan.file import (
     check_runs_here,
     format_cpus,
     load_plan,

@@ -18,8 +18,8 @@ from markdown_it import MarkdownIt
 from PIL import Image
 from test_analysis import _campaign
 
-from coordinator.report import write_report
-from coordinator.store import Store
+from coordinator.results.report import write_report
+from coordinator.store.store import Store
 from tasks.errors import StoreError
 
 CID = "c-20261129-ab12"
@@ -150,8 +150,8 @@ def test_tails_are_shown_only_when_n_allows() -> None:
     """N=3 shows the median alone; N=30 adds the bootstrap interval and P95 beside it."""
     from test_analysis import _rec, _spec
 
-    from coordinator.analysis import analyze
-    from coordinator.report import cell_table
+    from coordinator.results.analysis import analyze
+    from coordinator.results.report import cell_table
 
     for n, pattern in ((3, r"2"), (30, r"15\.5 \[\d+(\.\d+)?, \d+(\.\d+)?\] P95 28\.55")):
         specs = [_spec("lab-a", "native", "publish", i) for i in range(n)]
@@ -175,8 +175,8 @@ def test_units_per_row_and_none_for_a_row_of_dashes() -> None:
     """A row below 1 s is in ms, a row with 1 s or more in s, a row of dashes has no unit."""
     from test_analysis import _rec, _spec
 
-    from coordinator.analysis import analyze
-    from coordinator.report import cell_table
+    from coordinator.results.analysis import analyze
+    from coordinator.results.report import cell_table
     from tasks.records import failed_fields
 
     specs = [_spec("lab-a", "native", w, 0) for w in ("publish", "seq-write", "copy-tree")]

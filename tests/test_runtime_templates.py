@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.plan import parse_plan
+from coordinator.plan.file import parse_plan
 from tasks.records import EnvironmentSpec
 from tests.conftest import REPO, require_binary
 from worker.modes import EnvContext, get_mode

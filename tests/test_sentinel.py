@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from test_campaign_local import Lab, _campaign_id
 
-from coordinator import sentinel
-from coordinator.campaign import describe, expand
-from coordinator.plan import parse_plan
-from coordinator.store import Store
+from coordinator.plan import sentinel
+from coordinator.plan.campaign import describe, expand
+from coordinator.plan.file import parse_plan
+from coordinator.store.store import Store
 from tasks.errors import PlanError
 from tasks.records import NOT_RUN_RULE, EnvironmentRecord
 from tests.fleet_helpers import dispatch, make_fleet, wait_finished, write_plan

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.registry import HostRegistry
+from coordinator.store.trust import HostRegistry
 from tasks.errors import HostKeyError, RecordRejected, SpecRefused
 from tasks.records import EnvironmentRecord, EnvironmentSpec, RoundRecord
 from tasks.signing import CoordinatorKey, HostKey, canonical_json, sign_record, verify_record

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.chain import genesis
-from coordinator.store import Store
+from coordinator.store.chain import genesis
+from coordinator.store.store import Store
 from tasks.errors import StoreError
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 from tasks.signing import CoordinatorKey, sha256_hex

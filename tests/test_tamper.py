@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.registry import HostRegistry
-from coordinator.store import Store
+from coordinator.store.store import Store
+from coordinator.store.trust import HostRegistry
 from tasks.app import COORDINATOR_QUEUE, TASK_RUN, TASK_STORE, create_app, host_queue
 from tasks.records import SCHEMA_VERSION
 from tasks.signing import CoordinatorKey

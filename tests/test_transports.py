@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from coordinator.campaign import expand
-from coordinator.dispatch import dispatch_specs
+from coordinator.fleet.dispatch import dispatch_specs
 from coordinator.local import LocalExecutor
-from coordinator.plan import parse_plan
-from coordinator.policy import verify_campaign
-from coordinator.progress import finalize_host
-from coordinator.registry import HostRegistry
-from coordinator.store import Store
+from coordinator.plan.campaign import expand
+from coordinator.plan.file import parse_plan
+from coordinator.results.finalize import finalize_host
+from coordinator.store.policy import verify_campaign
+from coordinator.store.store import Store
+from coordinator.store.trust import HostRegistry
 from tasks.app import create_app
 from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE
 from tests.fleet_helpers import Fleet, make_fleet, wait_finished, wait_until

@@ -1,11 +1,11 @@
-"""Drift inside a campaign (coordinator.trend): the change figure, the test and its correction."""
+"""Drift inside a campaign (coordinator.results.trend): the change figure, test and correction."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from coordinator.trend import MIN_N, cell_trends, holm, spearman_test, theil_sen
+from coordinator.results.trend import MIN_N, cell_trends, holm, spearman_test, theil_sen
 
 
 def frame(cells: dict[tuple[str, str], list[float]]) -> pd.DataFrame:

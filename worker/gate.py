@@ -9,7 +9,7 @@ worker's own allowlist, ``worker.config``); no environment planned earlier in
 the cell (same attempt) may have failed, else it is ``not-run`` under the first-failure rule;
 then the runner, where a harness error becomes a failed record rather than a lost environment;
 a failure becomes evidence for the rule; the record is signed with the host key. A sentinel
-environment (``kind = "sentinel"``, ``coordinator.sentinel``) is in no cell: the rule neither
+environment (``kind = "sentinel"``, ``coordinator.plan.sentinel``) is in no cell: the rule neither
 skips it nor learns from it.
 
 The transports differ only in where the rule's evidence lives (``CellFailures``): the fleet

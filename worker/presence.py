@@ -2,7 +2,7 @@
 
 The coordinator reads the key when an environment queued for the host never started: with the
 key present the host is up and the environment is queued again; without it the host is gone
-and the environment is marked lost (``coordinator.leases``). The key is written from the
+and the environment is marked lost (``coordinator.fleet.leases``). The key is written from the
 worker's own event loop (a bootstep's timer in the main process, not a thread), so it stops
 when the worker stops, dies or is cut off from the broker.
 """

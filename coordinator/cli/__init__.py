@@ -1,19 +1,24 @@
 """The ``sandbench`` command line: one module per command group, registered here.
 
+The coordinator's commands are this package's modules, the lab host's own (``worker``, ``host
+check|clean|docker``, ``vm``, ``modes``) are ``worker.cli``'s. Each module defines
+``register(group)``; every one is imported by name, so a renamed or missing module fails the
+command at once instead of dropping its commands.
+
 Exit codes: 0 success, 1 a check failed (verify, tests of a campaign), 2 bad input.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import click
 
+from coordinator.cli import campaign, compare, env, fleet, host, workloads
 from tasks.errors import SandbenchError, one_line
+from worker.cli import modes, vm, worker
 
-# Command-group modules of this package; each defines ``register(group)``.
-COMMAND_MODULES = ("workloads", "modes", "env", "campaign", "compare", "host", "vm", "fleet")
+COMMAND_MODULES = (workloads, modes, env, campaign, compare, host, vm, fleet, worker)
 
 
 class _Main(click.Group):
@@ -39,11 +44,5 @@ def main() -> None:
     """sandbench: how long file-intensive tasks take under each execution mode."""
 
 
-for _name in COMMAND_MODULES:
-    try:
-        _module = importlib.import_module(f"coordinator.cli.{_name}")
-    except ModuleNotFoundError as _exc:  # a command group not built yet
-        if _exc.name != f"coordinator.cli.{_name}":
-            raise
-        continue
+for _module in COMMAND_MODULES:
     _module.register(main)

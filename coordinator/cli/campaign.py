@@ -16,10 +16,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from coordinator.analysis import Analysis, HostTables
-from coordinator.campaign import describe
 from coordinator.local import OwnKeys, check_planned_here, run_campaign, summary_line
-from coordinator.plan import (
+from coordinator.plan.campaign import describe
+from coordinator.plan.file import (
     PRESETS,
     Plan,
     check_runs_here,
@@ -28,13 +27,14 @@ from coordinator.plan import (
     missing_cpus,
     preset,
 )
-from coordinator.policy import Verification, verify_campaign
-from coordinator.progress import finalize_host
-from coordinator.registry import HostRegistry
-from coordinator.report import TASK_UNIT, cell_table, startup_table, write_report
-from coordinator.report import Table as ReportTable
-from coordinator.store import Store
-from coordinator.verdict import verdict_of
+from coordinator.results.analysis import Analysis, HostTables
+from coordinator.results.finalize import finalize_host
+from coordinator.results.report import TASK_UNIT, cell_table, startup_table, write_report
+from coordinator.results.report import Table as ReportTable
+from coordinator.store.policy import Verification, verify_campaign
+from coordinator.store.store import Store
+from coordinator.store.trust import HostRegistry
+from coordinator.store.verdict import verdict_of
 from tasks.errors import PlanError
 from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.signing import COORDINATOR_KEY_FILE, default_coordinator_key_path

@@ -20,14 +20,21 @@ from typing import Any
 import click
 from rich.console import Console
 
-from coordinator import plots
 from coordinator.cli.campaign import DATA_OPTION, REGISTRY_OPTION, print_report_table
-from coordinator.compare import EXPLORATORY, UNVERIFIED, Cell, Comparison, compare, load_side
-from coordinator.registry import HostRegistry
-from coordinator.report import Block, Table, to_html
-from coordinator.sentinel import MASK_FRACTION
-from coordinator.store import Store
-from coordinator.units import UNIT_RULE, duration, fmt, unit_for
+from coordinator.plan.sentinel import MASK_FRACTION
+from coordinator.results import plots
+from coordinator.results.compare import (
+    EXPLORATORY,
+    UNVERIFIED,
+    Cell,
+    Comparison,
+    compare,
+    load_side,
+)
+from coordinator.results.report import Block, Table, to_html
+from coordinator.results.units import UNIT_RULE, duration, fmt, unit_for
+from coordinator.store.store import Store
+from coordinator.store.trust import HostRegistry
 
 RATIO_TEXT = "ratio = B / A (below 1: B is faster; above 1: B is slower)"
 MASK_RULE = (

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from coordinator.plan import MAX_LIMIT_S
+from coordinator.plan.file import MAX_LIMIT_S
 from tasks.errors import PlanError, WorkloadError
 from tasks.names import check_name
 from tasks.paths import DEFAULT_WORK_ROOT

@@ -1,15 +1,18 @@
 """``sandbench host`` and ``sandbench hosts``: this host's key, the trusted registry, its daemons.
 
-The commands live in plug-in modules (``host_keys``, ``host_docker``) so each area owns its file.
+The commands live in their own modules so each area owns its file: the keys and the registry
+here (``host_keys``), this host's checks, leftovers and daemons on the lab host's side
+(``worker.cli``).
 """
 
 from __future__ import annotations
 
-import importlib
-
 import click
 
-HOST_COMMAND_MODULES = ("host_keys", "host_docker", "host_clean", "host_check")
+import coordinator.cli.host_keys as host_keys
+from worker.cli import host_check, host_clean, host_docker
+
+HOST_COMMAND_MODULES = (host_keys, host_docker, host_clean, host_check)
 
 
 @click.group("host")
@@ -24,13 +27,7 @@ def hosts_group() -> None:
 
 def register(main: click.Group) -> None:
     """Attach ``host`` and ``hosts`` and every plug-in's commands to ``main``."""
-    for name in HOST_COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"coordinator.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"coordinator.cli.{name}":
-                raise
-            continue
+    for module in HOST_COMMAND_MODULES:
         module.register(host_group, hosts_group)
     main.add_command(host_group)
     main.add_command(hosts_group)

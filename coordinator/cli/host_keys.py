@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from coordinator.registry import HostRegistry, own_coordinator_key
+from coordinator.store.trust import HostRegistry, own_coordinator_key
 from tasks.paths import DEFAULT_HOME, sandbench_home
 from tasks.signing import COORDINATOR_KEY_FILE, KEY_FILE, HostKey, fingerprint
 from worker.config import COORDINATOR_PUB, ETC_DIR, trust_coordinator

@@ -92,7 +92,7 @@ class Mode(abc.ABC):
     # counts its time), so the VM modes ask less.
     reported_cpu_floor: float = 0.9
     # The names of the plan options (a mode table's ``options``) it takes; a plan giving any
-    # other is refused (``coordinator.planmodes``).
+    # other is refused (``coordinator.plan.modes``).
     option_names: frozenset[str] = frozenset()
 
     @classmethod

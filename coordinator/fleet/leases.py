@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import redis
 
-from coordinator.progress import HostProgress
+from coordinator.store.progress import HostProgress
 from tasks.broker import STARTED_KEY
 from tasks.records import EnvironmentSpec
 from worker.presence import host_alive

@@ -12,9 +12,9 @@ from typing import Any
 
 from celery import Celery
 
-from coordinator.fleet import ACTIVE_CAMPAIGNS_KEY, FINALIZED_KEY
-from coordinator.progress import host_progress
-from coordinator.store import Store
+from coordinator.fleet.coordinator import ACTIVE_CAMPAIGNS_KEY, FINALIZED_KEY
+from coordinator.store.progress import host_progress
+from coordinator.store.store import Store
 from tasks.broker import check_broker, redis_client
 from tasks.errors import FleetError, StoreError
 from tasks.outbox import by_host as by_host  # the send path lives beside the outbox
@@ -36,7 +36,7 @@ def watch_campaign(app: Celery, campaign: str) -> None:
 def unregistered_hosts(hosts: list[str]) -> tuple[list[str], Path]:
     """Those of ``hosts`` not in the trusted registry (their records would be rejected), and
     the registry's path."""
-    from coordinator.registry import HostRegistry
+    from coordinator.store.trust import HostRegistry
 
     registry = HostRegistry()
     return [h for h in hosts if h not in registry], registry.path
@@ -78,8 +78,8 @@ def dispatch_plan(
 ) -> str:
     """Expand the plan at ``plan_path`` for ``hosts`` (seeded order per host) and queue it;
     a host not in the trusted registry is refused unless ``allow_unregistered``."""
-    from coordinator.campaign import expand, new_campaign_id
-    from coordinator.plan import load_plan
+    from coordinator.plan.campaign import expand, new_campaign_id
+    from coordinator.plan.file import load_plan
 
     plan_text, plan = load_plan(plan_path)  # a bad plan is named first
     if not allow_unregistered:

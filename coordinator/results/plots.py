@@ -2,7 +2,8 @@
 the startup range, task time relative to the fastest mode.
 
 An incomplete cell stays visibly empty: no bar, no points, a '—' whose tooltip says why.
-Durations follow ``coordinator.units``: an axis is in ms when every value on it is below 1 s.
+Durations follow ``coordinator.results.units``: an axis is in ms when every value on it is
+below 1 s.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from coordinator import svg
-from coordinator.analysis import HostTables, passed_values
-from coordinator.sentinel import SentinelTable
-from coordinator.units import MISSING, UNIT_RULE, duration, unit_for
+from coordinator.plan.sentinel import SentinelTable
+from coordinator.results import svg
+from coordinator.results.analysis import HostTables, passed_values
+from coordinator.results.units import MISSING, UNIT_RULE, duration, unit_for
 
 WIDTH = 900.0
 LEFT = 72.0

@@ -2,7 +2,7 @@
 
 The store is the log's one writer (appenders in several processes serialize on a lock file). It
 links each new line into the log's hash chain and signs the link with the coordinator key
-(``coordinator.chain``), and at finalization signs the log's head. What appending needs of the
+(``coordinator.store.chain``), and at finalization signs the log's head. What appending needs of the
 file (the keys stored, the line count, the last line's digest) is read incrementally: an append
 reads only what was written since the last one, never the whole file again.
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
-from coordinator.chain import HEAD_FILE, Head, genesis, head_document, linked_line
-from coordinator.views import OUTCOME_DECODER
+from coordinator.store.chain import HEAD_FILE, Head, genesis, head_document, linked_line
+from coordinator.store.views import OUTCOME_DECODER
 from tasks.records import EnvironmentRecord
 from tasks.signing import CoordinatorKey, sha256_hex
 

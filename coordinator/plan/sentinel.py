@@ -19,7 +19,7 @@ machine's own shift, in a resource the cell's workload uses (``bearing_on``), is
 effect (see ``drift_masks``): a metadata drift withholds the metadata workloads' verdicts, not
 those of a workload that only writes and fsyncs.
 
-Plan option (``coordinator.plan``): ``sentinel = false`` turns it off; ``[sentinel]`` with
+Plan option (``coordinator.plan.file``): ``sentinel = false`` turns it off; ``[sentinel]`` with
 ``every = K`` sets K (default ``DEFAULT_EVERY``).
 """
 
@@ -50,7 +50,7 @@ LIMIT_S = 30.0  # at most the plan's limit
 # 2026-12-02). With two calibrations a point, K = 40 gave 1.33% and K = 30 1.48-1.89%: four at
 # K = 40 would be near the 2% budget.
 DEFAULT_EVERY = 80
-MAX_EVERY = 50_000  # the largest expansion per host (coordinator.plan.MAX_PLANNED)
+MAX_EVERY = 50_000  # the largest expansion per host (coordinator.plan.file.MAX_PLANNED)
 # compare withholds faster/slower when the sentinel moved the same way as the cell and at least
 # this fraction of the cell's own move, both as |log ratio| (0.5: half the effect, or more,
 # could be the machine's).
@@ -157,7 +157,7 @@ class SentinelTable:
 
 
 def tables(planned: pd.DataFrame, raw: pd.DataFrame, keys: list[str]) -> list[SentinelTable]:
-    """Each host's sentinel from the planned and recorded frames (``coordinator.analysis``):
+    """Each host's sentinel from the planned and recorded frames (``coordinator.results.analysis``):
     its points joined with their records (by ``keys``) and its share of the time."""
     if not (planned["kind"] == KIND).any():
         return []

@@ -15,7 +15,7 @@ Layout under the data directory (design, "Store")::
 Raw records are never rewritten. ``append_record`` inserts a record only if its
 (environment, attempt) key is absent; appenders in several processes serialize on a lock file.
 The store is the one writer of each host's log, so it links every line into the log's hash
-chain as it appends and signs the link with the coordinator key (``coordinator.chain``); what
+chain as it appends and signs the link with the coordinator key (``coordinator.store.chain``); what
 it needs of the file (keys, line count, last line's digest) it reads incrementally.
 """
 
@@ -35,8 +35,13 @@ import msgspec
 from pydantic import ValidationError
 from pydantic_core import from_json  # about twice as fast as json.loads on records
 
-from coordinator.chain import EXPANSION_SIG_FILE, HEAD_FILE, expansion_document, verdict_document
-from coordinator.hostlog import (
+from coordinator.store.chain import (
+    EXPANSION_SIG_FILE,
+    HEAD_FILE,
+    expansion_document,
+    verdict_document,
+)
+from coordinator.store.hostlog import (
     LOST_FILE,
     PROVENANCE_FILE,
     RECORDS_FILE,
@@ -45,7 +50,7 @@ from coordinator.hostlog import (
     sync_file,
     write_atomic,
 )
-from coordinator.views import CampaignView, campaign_view
+from coordinator.store.views import CampaignView, campaign_view
 from tasks.errors import StoreError
 from tasks.names import check_name, is_name
 from tasks.records import EnvironmentRecord, EnvironmentSpec
@@ -64,7 +69,7 @@ class Campaign:
 
     id: str
     plan_text: str
-    plan: dict[str, Any]  # the validated plan as JSON (see ``coordinator.plan.Plan``)
+    plan: dict[str, Any]  # the validated plan as JSON (see ``coordinator.plan.file.Plan``)
     environments: list[dict[str, Any]]  # planned environments as stored (JSON)
     created_at: str
     hosts: list[str]
@@ -111,7 +116,7 @@ class Store:
     def signer(self) -> CoordinatorKey:
         """The coordinator key that signs what this store writes (this machine's, by default)."""
         if self._signer is None:
-            from coordinator.registry import own_coordinator_key
+            from coordinator.store.trust import own_coordinator_key
 
             self._signer = own_coordinator_key()
         return self._signer
@@ -310,7 +315,7 @@ class Store:
 
     def write_verification(self, campaign_id: str, result: dict[str, Any]) -> None:
         """Store the outcome of the last ``verify``, signed by this store's coordinator key
-        (derived; rebuilt by every verify; ``coordinator.verdict`` checks it)."""
+        (derived; rebuilt by every verify; ``coordinator.store.verdict`` checks it)."""
         path = self.campaign_dir(campaign_id) / VERIFICATION_FILE
         write_atomic(path, verdict_document(campaign_id, result, self.signer))
 

@@ -1,5 +1,5 @@
 """The first-failure rule re-derived from the records (by finalization and ``verify``), and
-``verify`` itself: the campaign's bytes (``coordinator.integrity``), completeness and the rule.
+``verify`` itself: the campaign's bytes (``coordinator.store.verify``), completeness and the rule.
 
 After the first failed environment of a cell (in the cell's planned order), the remaining
 planned environments of that cell (same attempt) are not run; they get a ``not-run`` record
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
-from coordinator.hostlog import LOST_FILE
+from coordinator.store.hostlog import LOST_FILE
 from tasks.errors import StoreError
 from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec
 
 if TYPE_CHECKING:
-    from coordinator.registry import HostRegistry
-    from coordinator.store import Store
+    from coordinator.store.store import Store
+    from coordinator.store.trust import HostRegistry
 
 CellAttempt = tuple[str, str, str, int]  # host, mode, workload, attempt
 
@@ -177,7 +177,7 @@ class Verification:
 
 def verify_campaign(store: Store, campaign_id: str, registry: HostRegistry) -> Verification:
     """Every problem of a stored campaign's bytes, its completeness, and the rule re-derived."""
-    from coordinator.integrity import check_expansion, check_head, check_lines
+    from coordinator.store.verify import check_expansion, check_head, check_lines
 
     out = Verification(campaign_id, digests=store.raw_digests(campaign_id))
     cdir = store.campaign_dir(campaign_id)

@@ -32,9 +32,9 @@ import msgspec
 import redis
 from pydantic import ValidationError
 
-from coordinator.fleet import DUPLICATES_KEY, STORED_AT_KEY, Coordinator, rejection
-from coordinator.hostlog import LOST_FILE, sync_file
-from coordinator.progress import planned_views, read_lost
+from coordinator.fleet.coordinator import DUPLICATES_KEY, STORED_AT_KEY, Coordinator, rejection
+from coordinator.store.hostlog import LOST_FILE, sync_file
+from coordinator.store.progress import planned_views, read_lost
 from tasks.app import RECORDS_QUEUE, TASK_STORE
 from tasks.errors import RecordRejected, StoreError
 from tasks.outbox import Outbox

@@ -59,7 +59,7 @@ class RecordView(_Identity):
     rounds: list[RoundView] = msgspec.field(default_factory=list)
     superseded: bool = False
     signature: SignatureView | None = None
-    kind: str = "environment"  # or "sentinel" (coordinator.sentinel)
+    kind: str = "environment"  # or "sentinel" (coordinator.plan.sentinel)
     started_at: str | None = None
     wall_s: float | None = None
 

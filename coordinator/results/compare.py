@@ -11,7 +11,7 @@ Refused (``CompareRefused``): two cohorts, no host in common, a host whose recor
 sides' keys signed differently (not the same machine), environments doing different work.
 
 The machine's own shift between two campaigns is measured per host by the machine-state
-sentinel (``coordinator.sentinel``): the ratio B / A of each calibration workload's median, one
+sentinel (``coordinator.plan.sentinel``): the ratio B / A of each calibration workload's median, one
 per resource (CPU, fsync, metadata, page-cache reads); the one farthest from 1 is the host's
 ``Drift`` as shown, and a cell's drift is the farthest of the resources its workload uses. A
 faster/slower verdict is withheld (with why) when that drift goes the cell's way and
@@ -25,7 +25,7 @@ environments within each campaign, so it knows nothing of how two campaigns of o
 configuration differ (``BETWEEN``, with the sound design for an A/B question); two modes of one
 campaign are interleaved by its seeded order (``WITHIN``).
 
-Each side's records are verified or not as ``report`` says (``coordinator.verdict``: the last
+Each side's records are verified or not as ``report`` says (``coordinator.store.verdict``: the last
 ``verify``'s signed verdict over the bytes as they stand). Both sides' verdicts are stated; when
 a side is not verified no cell gets a verdict (faster, slower, no difference): its ratio is
 shown, marked ``unverified``.
@@ -39,20 +39,21 @@ from typing import Any
 
 import numpy as np
 
-from coordinator import sentinel
-from coordinator.analysis import (
+from coordinator.plan import sentinel
+from coordinator.results.analysis import (
     CI_MIN_N,
     Analysis,
     HostTables,
+    analyze_stored,
+    flatten_facts,
     passed_values,
     percentile_interval,
     resample_medians,
 )
-from coordinator.registry import HostRegistry
-from coordinator.report import analyze_stored, flatten_facts
-from coordinator.store import CAMPAIGN_FILE, Store
-from coordinator.verdict import Verdict, verdict_of
-from coordinator.views import CampaignView
+from coordinator.store.store import CAMPAIGN_FILE, Store
+from coordinator.store.trust import HostRegistry
+from coordinator.store.verdict import Verdict, verdict_of
+from coordinator.store.views import CampaignView
 from tasks.errors import SandbenchError
 
 FASTER, SLOWER = "faster", "slower"
@@ -98,7 +99,7 @@ class Side:
     signers: dict[str, set[str]]  # host -> key ids that signed its records
     provenance: dict[str, dict[str, Any]]  # host -> provenance facts
     mode: str | None = None
-    verdict: Verdict = Verdict(False, "not verified yet")  # its records' (coordinator.verdict)
+    verdict: Verdict = Verdict(False, "not verified yet")  # its records' (store.verdict)
 
     def table(self, host: str, cohort: str) -> HostTables | None:
         """This side's tables of one host and cohort."""

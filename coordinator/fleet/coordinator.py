@@ -1,9 +1,9 @@
 """The coordinator's side of the fleet: its tasks, verifying and storing records, lost runs.
 
 The tasks (queue ``coordinator``) are thin adapters: ``store_record`` and ``store_provenance``
-verify and store what a lab host sent; ``finalize_host`` calls ``coordinator.progress``'s plain
-function once every environment planned for a host (every attempt) has a stored record or a
-lost mark.
+verify and store what a lab host sent; ``finalize_host`` calls
+``coordinator.results.finalize``'s plain function once every environment planned for a host
+(every attempt) has a stored record or a lost mark.
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ from celery import Celery, Task
 from cryptography.exceptions import InvalidSignature
 from pydantic import ValidationError
 
-from coordinator.leases import Leases
-from coordinator.progress import (
+from coordinator.fleet.leases import Leases
+from coordinator.results.finalize import finalize_host
+from coordinator.store.progress import (
     LOST_FILE,
     HostProgress,
-    finalize_host,
     host_progress,
     planned_hosts,
     planned_keys,
 )
-from coordinator.registry import HostRegistry
-from coordinator.store import Store
+from coordinator.store.store import Store
+from coordinator.store.trust import HostRegistry
 from tasks.app import (
     COORDINATOR_QUEUE,
     DEFAULT_VISIBILITY_TIMEOUT_S,
@@ -217,7 +217,7 @@ class Coordinator:
         still run marks the report stale, and the sweep rebuilds it at most every
         ``$SANDBENCH_REPORT_EVERY`` seconds: 5,000 hosts finishing cost a few rebuilds, not 5,000.
         """
-        from coordinator.report import write_report  # the report imports what imports this
+        from coordinator.results.report import write_report  # the report imports what imports this
 
         result = finalize_host(self.store, campaign, host, report=False)
         if not result.complete:
@@ -235,7 +235,7 @@ class Coordinator:
 
     def refresh_reports(self, now: float) -> None:
         """Rebuild the stale reports last built at least ``$SANDBENCH_REPORT_EVERY`` s ago."""
-        from coordinator.report import write_report
+        from coordinator.results.report import write_report
 
         every = float(os.environ.get(REPORT_EVERY_ENV) or DEFAULT_REPORT_EVERY_S)
         for campaign in sorted(str(c) for c in self.client.smembers(REPORT_STALE_KEY)):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coordinator.units import fmt
+from coordinator.results.units import fmt
 
 FONT = "system-ui,'DejaVu Sans',sans-serif"
 # Tableau 10: one color per mode, in the plan's mode order.

@@ -8,14 +8,15 @@ from typing import Any
 
 import redis
 
-from coordinator.fleet import DUPLICATES_KEY, FINALIZED_KEY, REJECTED_KEY
-from coordinator.leases import requeued_count
-from coordinator.progress import HostProgress, host_progress
-from coordinator.store import Store
+from coordinator.fleet.coordinator import DUPLICATES_KEY, FINALIZED_KEY, REJECTED_KEY
+from coordinator.fleet.leases import requeued_count
+from coordinator.store.progress import HostProgress, host_progress
+from coordinator.store.store import Store
 from tasks.broker import ALIVE_KEY, REFUSED_KEY
 from worker.presence import host_alive, host_last_seen
 
-LOST_PREFIX = "lost: "  # every lost mark's reason starts so (coordinator.fleet, coordinator.leases)
+# every lost mark's reason starts so (coordinator.fleet.coordinator, coordinator.fleet.leases)
+LOST_PREFIX = "lost: "
 
 
 @dataclass
@@ -30,7 +31,7 @@ class HostStatus:
     left: int
     finalized: bool
     failures: list[dict[str, Any]] = field(default_factory=list)
-    requeued: int = 0  # queued but never started, then queued again (coordinator.leases)
+    requeued: int = 0  # queued but never started, then queued again (coordinator.fleet.leases)
     duplicates: int = 0  # records that arrived again for a stored key and were dropped
     refused: dict[str, int] = field(default_factory=dict)  # reason -> specs its worker refused
     worker: str = "unknown"  # "alive", "gone" (seen before) or "never seen" on this broker

@@ -28,7 +28,7 @@ and bounds; a command mode (a mode table with ``template``) has a name of its ow
 built-in mode's nor another mode's of the plan; a built-in mode takes only the ``options`` it
 declares (``Mode.option_names``) and no command-mode key.
 
-The machine-state sentinel (``coordinator.sentinel``) is on unless ``sentinel = false``; a
+The machine-state sentinel (``coordinator.plan.sentinel``) is on unless ``sentinel = false``; a
 ``[sentinel]`` table with ``every = K`` sets how many environments run between its points.
 """
 
@@ -53,8 +53,8 @@ from pydantic import (
     model_validator,
 )
 
-from coordinator.planmodes import ModeEntry, check_modes, near
-from coordinator.sentinel import SentinelPlan
+from coordinator.plan.modes import ModeEntry, check_modes, near
+from coordinator.plan.sentinel import SentinelPlan
 from tasks.errors import PlanError
 from tasks.names import Name
 from tasks.records import Quota, VmSize

@@ -2,7 +2,7 @@
 
 ``verify`` writes ``verification.json``: its verdict, its problems and the SHA-256 of every raw
 file it checked (``Store.raw_digests``), for one campaign, signed by the coordinator key of the
-machine that ran it (``coordinator.chain.verdict_document``). Anyone who can write the store
+machine that ran it (``coordinator.store.chain.verdict_document``). Anyone who can write the store
 can write that file too, so its word counts only when a coordinator key the registry trusts,
 this machine's own or the one this store signs with, signed it, for this campaign, and every
 file it covers still has the digest it checked. Anything else reads ``unverified: why``: a
@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.chain import VERDICT_FORMAT, signed_body
-from coordinator.registry import HostRegistry
-from coordinator.store import VERIFICATION_FILE, Store
+from coordinator.store.chain import VERDICT_FORMAT, signed_body
+from coordinator.store.store import VERIFICATION_FILE, Store
+from coordinator.store.trust import HostRegistry
 from tasks.errors import HostKeyError, StoreError
 from tasks.signing import COORDINATOR_SIGNER, CoordinatorKey, signature_ok
 

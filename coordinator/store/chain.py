@@ -10,7 +10,7 @@ signs the log's head (``head.json``: line count, last line's digest, digest of t
 digest of the host's ``provenance.json``, environments planned), so a removed tail or an edited
 provenance shows; ``campaign.sig`` signs the exact bytes of ``campaign.json`` and
 ``plan.toml`` each time the store writes them; ``verification.json`` signs ``verify``'s verdict
-with the SHA-256 of every file it checked (``coordinator.verdict`` reads it back).
+with the SHA-256 of every file it checked (``coordinator.store.verdict`` reads it back).
 """
 
 from __future__ import annotations

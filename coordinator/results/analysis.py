@@ -12,7 +12,7 @@ Definitions (design, "Statistics"):
 * coverage counts planned, ran, passed, failed, not run (rule), not run (preflight), pending,
   complete cells of all cells, valid round records (validated rounds of run environments);
 * older attempts of a cell (fleet reruns) are superseded: kept in the raw table, never counted;
-* sentinel environments (``coordinator.sentinel``) are in no cell: they are set apart first, as
+* sentinel environments (``coordinator.plan.sentinel``) are in no cell: they are set apart first, as
   ``SentinelTable`` per host, and count in nothing above.
 
 No table mixes hosts or cohorts: every result is a ``HostTables`` of one (host, cohort).
@@ -20,16 +20,19 @@ No table mixes hosts or cohorts: every result is a ``HostTables`` of one (host, 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
-from coordinator import sentinel
-from coordinator.views import RecordView
+from coordinator.plan import sentinel
+from coordinator.store.store import Campaign, Store
+from coordinator.store.views import CampaignView, RecordView, record_views
 from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec
 
 ENVIRONMENT = "environment"  # a cell's environment (tasks.records.Kind)
@@ -390,3 +393,25 @@ def _mode_order(planned: Any, modes: pd.Series) -> list[str]:
     from worker.modes import BUILTIN_MODES
 
     return [*BUILTIN_MODES, *sorted(set(modes.unique()) - set(BUILTIN_MODES))]
+
+
+def analyze_stored(store: Store, campaign: Campaign | CampaignView) -> tuple[Analysis, list[Any]]:
+    """The analysis of a stored campaign and the records it read (views of the raw lines)."""
+    records: list[Any]
+    try:
+        records = record_views(line for _, _, line in store.record_lines(campaign.id))
+    except msgspec.MsgspecError:  # not a record as written: the validating path names the line
+        records = store.records(campaign.id)
+    return analyze(records, campaign), records
+
+
+def flatten_facts(d: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """Nested provenance facts as (dotted.key, text) pairs, sorted by key."""
+    out: list[tuple[str, str]] = []
+    for k in sorted(d):
+        v = d[k]
+        if isinstance(v, dict):
+            out += flatten_facts(v, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", json.dumps(v) if isinstance(v, list) else str(v)))
+    return out

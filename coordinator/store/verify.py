@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from coordinator.chain import (
+from coordinator.store.chain import (
     EXPANSION_SIG_FILE,
     HEAD_FILE,
     SIGNED_FILES,
@@ -28,8 +28,8 @@ from coordinator.chain import (
     record_bytes,
     signed_body,
 )
-from coordinator.hostlog import LOST_FILE, PROVENANCE_FILE, file_digest
-from coordinator.registry import HostRegistry
+from coordinator.store.hostlog import LOST_FILE, PROVENANCE_FILE, file_digest
+from coordinator.store.trust import HostRegistry
 from tasks.errors import HostKeyError, RecordRejected
 from tasks.records import SCHEMA_VERSION, EnvironmentRecord
 from tasks.signing import (

@@ -7,24 +7,28 @@ the note, one line below the table, says why (failure, rule, preflight, pending)
 from __future__ import annotations
 
 import html
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pandas as pd
 
-from coordinator import plots
-from coordinator.analysis import CELL_COLUMNS, Analysis, HostTables, analyze
-from coordinator.campaign import format_size
-from coordinator.registry import HostRegistry
-from coordinator.sentinel import SentinelTable
-from coordinator.store import Campaign, Store
-from coordinator.trend import ALPHA, MIN_N, cell_trends
-from coordinator.units import MISSING, UNIT_RULE, Unit, duration, fmt, unit_for
-from coordinator.verdict import verdict_of
-from coordinator.views import CampaignView, record_views
+from coordinator.plan.campaign import format_size
+from coordinator.plan.sentinel import SentinelTable
+from coordinator.results import plots
+from coordinator.results.analysis import (
+    CELL_COLUMNS,
+    Analysis,
+    HostTables,
+    analyze_stored,
+    flatten_facts,
+)
+from coordinator.results.trend import ALPHA, MIN_N, cell_trends
+from coordinator.results.units import MISSING, UNIT_RULE, Unit, duration, fmt, unit_for
+from coordinator.store.store import Campaign, Store
+from coordinator.store.trust import HostRegistry
+from coordinator.store.verdict import verdict_of
+from coordinator.store.views import CampaignView
 from tasks.errors import SandbenchError, StoreError
 from tasks.names import check_name
 from workloads.registry import WORKLOADS
@@ -192,18 +196,6 @@ def _missing_list(t: HostTables) -> list[str]:
     return [f"{r.mode} / {r.workload}: {r.reason}" for r in inc.itertuples()]
 
 
-def flatten_facts(d: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
-    """Nested provenance facts as (dotted.key, text) pairs, sorted by key."""
-    out: list[tuple[str, str]] = []
-    for k in sorted(d):
-        v = d[k]
-        if isinstance(v, dict):
-            out += flatten_facts(v, f"{prefix}{k}.")
-        else:
-            out.append((f"{prefix}{k}", json.dumps(v) if isinstance(v, list) else str(v)))
-    return out
-
-
 def sentinel_blocks(s: SentinelTable | None, every: int, stem: Path) -> list[Block]:
     """The machine-state sentinel of one host: what ran, its share of the time, its drift."""
     if s is None:
@@ -244,8 +236,8 @@ def sentinel_blocks(s: SentinelTable | None, every: int, stem: Path) -> list[Blo
 
 
 def trend_blocks(t: HostTables) -> list[Block]:
-    """Drift inside the campaign (``coordinator.trend``): each cell's change over the run order,
-    workloads x modes, "(sig.)" where it is significant after Holm's correction."""
+    """Drift inside the campaign (``coordinator.results.trend``): each cell's change over the run
+    order, workloads x modes, "(sig.)" where it is significant after Holm's correction."""
     found = cell_trends(t.environments)
     if not found:
         return []
@@ -505,16 +497,6 @@ def write_results_csv(store: Store, campaign_id: str, analysis: Analysis) -> lis
         )
         paths.append(path)
     return paths
-
-
-def analyze_stored(store: Store, campaign: Campaign | CampaignView) -> tuple[Analysis, list[Any]]:
-    """The analysis of a stored campaign and the records it read (views of the raw lines)."""
-    records: list[Any]
-    try:
-        records = record_views(line for _, _, line in store.record_lines(campaign.id))
-    except msgspec.MsgspecError:  # not a record as written: the validating path names the line
-        records = store.records(campaign.id)
-    return analyze(records, campaign), records
 
 
 def write_report(

@@ -9,8 +9,8 @@ import uuid
 from collections import Counter
 from datetime import UTC, datetime
 
-from coordinator import sentinel
-from coordinator.plan import Plan
+from coordinator.plan import sentinel
+from coordinator.plan.file import Plan
 from tasks.records import EnvironmentSpec
 
 CAMPAIGN_ID_FORMAT = "c-{date}-{suffix}"
@@ -39,7 +39,7 @@ def expand(
 ) -> list[EnvironmentSpec]:
     """Every planned environment of every host, each host's list in its seeded run order.
 
-    The sentinel's calibration points (``coordinator.sentinel``) are placed in that order at
+    The sentinel's calibration points (``coordinator.plan.sentinel``) are placed in that order at
     the start, after every K environments and at the end, unless the plan turns them off.
     """
     specs: list[EnvironmentSpec] = []

@@ -1,0 +1,23 @@
+"""Command-line options that the coordinator's and the lab host's commands share."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import click
+
+BROKER_HELP = (
+    "broker URL without a password (default: $SANDBENCH_BROKER, else redis://127.0.0.1:6379/0)"
+)
+
+def _no_password(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Refuse a password on the command line: every user of the host sees it in ``ps``."""
+    if value and urlsplit(value).password:
+        raise click.BadParameter(
+            "the URL carries a password, which every user sees in 'ps'; put the whole URL in "
+            "SANDBENCH_BROKER (on lab hosts: /etc/sandbench/sandbench.env, mode 0600) instead"
+        )
+    return value
+
+
+broker_option = click.option("--broker", default=None, help=BROKER_HELP, callback=_no_password)
