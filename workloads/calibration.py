@@ -3,7 +3,7 @@
 Each measures one resource a workload's time depends on (``Declaration.resources``): the CPU
 (an interpreted loop), durable writes (4 KiB appends, each fsynced), file-system metadata
 (small files created in new directories, the directories fsynced, as create-small does) and
-page-cache reads (a fixture file read and hashed). The sentinel (``coordinator.sentinel``) runs
+page-cache reads (a fixture file read and hashed). The sentinel (``coordinator.plan.sentinel``) runs
 these in native mode at the start of a campaign, every K environments and at the end, so that
 the machine's own drift shows: within a campaign over its time, between two campaigns as a
 ratio, per resource. Their work never scales (every parameter is a
