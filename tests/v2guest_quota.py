@@ -32,6 +32,10 @@ SERVICE_DIR = ROOT / SERVICE.strip("/")
 SANDBENCH = str(Path(sys.executable).parent / "sandbench")
 PYTHON = "/usr/bin/python3"
 GIB = 1 << 30
+# The kernel may force a charge past memory.max on the OOM path (a dying task's last pages, a
+# __GFP_NOFAIL allocation: try_charge_memcg's "force"), so memory.peak can exceed the limit by a
+# few pages (seen: 4 KiB, gVisor's Sentry); more than a MiB would be a limit that did not bind.
+OVERCHARGE = 1 << 20
 DEFAULT_LIMITS = {
     "cpu.max": "200000 100000", "cpuset.cpus": "0-1", "cpuset.cpus.effective": "0-1",
     "memory.max": str(2 * GIB), "memory.swap.max": "0",
@@ -162,7 +166,7 @@ def test_3gib_allocation_is_oom(modes_root: Path) -> None:
     assert (record.outcome, record.failure_class, record.reason) == ("failed", "resource", "oom")
     assert "OOM kill in the environment's cgroup" in (record.detail or "")
     peak = record.peak_memory_bytes
-    assert peak is not None and 1.9 * GIB < peak <= 2 * GIB
+    assert peak is not None and 1.9 * GIB < peak <= 2 * GIB + OVERCHARGE
     assert not cgroup_dir(record).exists()
 
 
@@ -394,7 +398,7 @@ def test_nsjail_3gib_allocation_is_oom(tmp_path: Path, modes_root: Path) -> None
                                {"SANDBENCH_PYTHON": str(python)})  # fmt: skip
     assert (record.outcome, record.failure_class, record.reason) == ("failed", "resource", "oom")
     peak = record.peak_memory_bytes
-    assert peak is not None and 1.9 * GIB < peak <= 2 * GIB
+    assert peak is not None and 1.9 * GIB < peak <= 2 * GIB + OVERCHARGE
     assert not cgroup_dir(record).exists()
 
 
@@ -466,7 +470,7 @@ def test_gvisor_3gib_allocation_is_oom(tmp_path: Path, modes_root: Path) -> None
                                {"SANDBENCH_PYTHON": str(python)})  # fmt: skip
     assert (record.outcome, record.failure_class, record.reason) == ("failed", "resource", "oom")
     peak = record.peak_memory_bytes
-    assert peak is not None and 1.9 * GIB < peak <= 2 * GIB
+    assert peak is not None and 1.9 * GIB < peak <= 2 * GIB + OVERCHARGE
     assert not cgroup_dir(record).exists()
 
 
