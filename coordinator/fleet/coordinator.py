@@ -64,7 +64,10 @@ ACTIVE_CAMPAIGNS_KEY = "sandbench:campaigns"  # set of campaign ids still being 
 REJECTED_KEY = "sandbench:rejected:{campaign}"  # list of JSON {key, host, reason}
 STORED_AT_KEY = "sandbench:stored-at:{campaign}"  # hash env key -> wall time the store took it
 FINALIZED_KEY = "sandbench:finalized:{campaign}"  # hash host -> fingerprint at finalization
-FINALIZE_QUEUED_KEY = "sandbench:finalize-queued:{campaign}"  # hash host -> fingerprint
+# string -> the fingerprint a finalize_host was queued for; it expires, so a message the broker
+# lost (its append-only file kept the mark written before it, not the message) is queued again
+FINALIZE_QUEUED_KEY = "sandbench:finalize-queued:{campaign}:{host}"
+FINALIZE_RETRY_S = 30  # seconds after which a host queued but still not finalized is queued again
 REPORT_STALE_KEY = "sandbench:report-stale"  # campaigns whose report misses a finalized host
 # A host finalized while others still run: the campaign's report is rebuilt at most this often
 # (by the sweep), not once per host; the last host's finalization rebuilds it at once.
@@ -193,10 +196,10 @@ class Coordinator:
         fingerprint = progress.fingerprint()
         if self.client.hget(FINALIZED_KEY.format(campaign=campaign), host) == fingerprint:
             return False
-        queued = self.client.hget(FINALIZE_QUEUED_KEY.format(campaign=campaign), host)
-        if queued == fingerprint:
+        queued = FINALIZE_QUEUED_KEY.format(campaign=campaign, host=host)
+        if self.client.get(queued) == fingerprint:
             return False
-        self.client.hset(FINALIZE_QUEUED_KEY.format(campaign=campaign), host, fingerprint)
+        self.client.set(queued, fingerprint, ex=FINALIZE_RETRY_S)  # a lost message: queued again
         if outbox is not None:
             outbox.add(TASK_FINALIZE, [campaign, host], {}, queue=COORDINATOR_QUEUE,
                        task_id=uuid.uuid4().hex, argsrepr=f"{host} {campaign}")  # fmt: skip
