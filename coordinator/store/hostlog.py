@@ -22,6 +22,7 @@ import msgspec
 
 from coordinator.store.chain import HEAD_FILE, Head, genesis, head_document, linked_line
 from coordinator.store.views import OUTCOME_DECODER
+from tasks.files import write_atomic
 from tasks.records import EnvironmentRecord
 from tasks.signing import CoordinatorKey, sha256_hex
 
@@ -31,20 +32,6 @@ LOST_FILE = "lost.jsonl"
 PROVENANCE_FILE = "provenance.json"
 KEY_PARTS = ("campaign", "host", "mode", "workload", "env_index", "attempt")
 HEAD_BLOCK = 1 << 20  # bytes read at a time when a cold process counts a log's lines
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Replace ``path`` with ``data`` (text is UTF-8), synced, never half-written."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        os.replace(tmp, path)
-    except OSError:  # e.g. a directory where the file goes: no stray .tmp left beside it
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def sync_file(path: Path) -> None:

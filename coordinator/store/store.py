@@ -48,10 +48,10 @@ from coordinator.store.hostlog import (
     HostLog,
     file_digest,
     sync_file,
-    write_atomic,
 )
 from coordinator.store.views import CampaignView, campaign_view
 from tasks.errors import StoreError
+from tasks.files import write_atomic
 from tasks.names import check_name, is_name
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 from tasks.signing import CoordinatorKey

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import fcntl
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.errors import HostKeyError
+from tasks.files import write_atomic
 from tasks.names import check_name
 from tasks.paths import sandbench_home
 from tasks.signing import CoordinatorKey, fingerprint, public_key_from_b64
@@ -63,9 +63,7 @@ class HostRegistry:
         return copy.deepcopy(self._read())
 
     def _write(self, data: dict[str, Any]) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
