@@ -36,16 +36,14 @@ from coordinator.store.store import Store
 from coordinator.store.trust import HostRegistry
 from coordinator.store.verdict import verdict_of
 from tasks.errors import PlanError
+from tasks.options import data_option
 from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.signing import COORDINATOR_KEY_FILE, default_coordinator_key_path
 from worker.workroot import check_work_root
 
 EXIT_CHECK_FAILED = 1
 EXIT_INTERRUPTED = 130
-DATA_OPTION = click.option(
-    "--data", "data_dir", type=click.Path(path_type=Path), default=Path(".data"), show_default=True,
-    help="Campaign store directory.",
-)  # fmt: skip
+DATA_OPTION = data_option("data_dir")
 REGISTRY_OPTION = click.option(
     "--registry", "registry_path", type=click.Path(path_type=Path), default=None,
     help="Trusted host registry (default $SANDBENCH_HOME/hosts.json).",

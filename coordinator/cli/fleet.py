@@ -13,14 +13,12 @@ import click
 from tasks.errors import FleetError
 from tasks.names import check_name
 from tasks.options import broker_option
+from tasks.options import data_option as store_option
 
-DATA_HELP = "data directory of the store"
 FOLLOW_INTERVAL_S = 2.0
 
 
-data_option = click.option(
-    "--data", type=click.Path(path_type=Path), default=Path(".data"), help=DATA_HELP
-)
+data_option = store_option()
 
 
 def _store(data: Path):  # type: ignore[no-untyped-def]  # coordinator.store.store imports lazily
@@ -85,9 +83,10 @@ def coordinator_cmd(ctx: click.Context, broker: str | None, data: Path, loglevel
     record lost runs, finalize hosts ('sandbench coordinator init' makes its key)."""
     if ctx.invoked_subcommand is not None:
         return
-    from coordinator.fleet.coordinator import DATA_ENV, Coordinator, register_tasks
+    from coordinator.fleet.coordinator import Coordinator, register_tasks
     from coordinator.fleet.intake import Intake
     from tasks.app import COORDINATOR_QUEUE
+    from tasks.options import DATA_ENV
 
     data.mkdir(parents=True, exist_ok=True)
     os.environ[DATA_ENV] = str(data.resolve())

@@ -45,6 +45,7 @@ from tasks.app import (
 )
 from tasks.broker import ALIVE_KEY, STARTED_KEY, redis_client
 from tasks.errors import HostKeyError, RecordRejected, StoreError
+from tasks.options import DATA_ENV
 from tasks.outbox import Outbox, send_specs
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 from tasks.signing import (
@@ -57,7 +58,6 @@ from tasks.signing import (
 
 log = logging.getLogger("sandbench.coordinator")
 
-DATA_ENV = "SANDBENCH_DATA"
 DEFAULT_DATA = ".data"
 # Redis key templates of the coordinator.
 ACTIVE_CAMPAIGNS_KEY = "sandbench:campaigns"  # set of campaign ids still being watched
