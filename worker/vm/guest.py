@@ -17,6 +17,7 @@ from worker.vm import initramfs, kernel
 MANIFEST = "guest.json"
 INIT_SHA_KEY = "init_sha256"
 V2HOST_SHA_KEY = "v2host_init_sha256"
+MODULES_KEY = "all_modules"  # every module kept in the home, in load order (other initramfs)
 
 
 def vm_home() -> Path:
@@ -38,6 +39,10 @@ class Guest:
     init_sha256: str
     v2host_initrd: Path | None = None  # the cgroup v2 lab host's initramfs (worker.vm.v2host)
     v2host_init_sha256: str = ""
+    # Every module prepared (the VM modes', the v2 host's and the lab's), decompressed in
+    # ``modules_dir``, dependencies first: another initramfs loads them all.
+    all_modules: tuple[str, ...] = ()
+    modules_dir: Path | None = None
 
     def facts(self) -> dict[str, str]:
         """Provenance facts of the guest."""
@@ -72,6 +77,8 @@ def load_guest(home: Path | None = None) -> Guest | None:
         init_sha256=data.get(INIT_SHA_KEY, ""),
         v2host_initrd=home / data["v2host_initrd"] if data.get("v2host_initrd") else None,
         v2host_init_sha256=data.get(V2HOST_SHA_KEY, ""),
+        all_modules=tuple(data.get(MODULES_KEY, ())),
+        modules_dir=home / data["modules_dir"] if data.get("modules_dir") else None,
     )
     return guest
 
@@ -104,11 +111,28 @@ def v2host_problem(guest: Guest | None) -> str | None:
     return None
 
 
+def modules_problem(guest: Guest | None, wanted: tuple[str, ...]) -> str | None:
+    """Why ``guest`` cannot build an initramfs that loads ``wanted``, or None."""
+    problem = guest_problem(guest)
+    if problem or guest is None:
+        return problem
+    missing = [m for m in wanted if m not in guest.all_modules]
+    if guest.modules_dir is None or not guest.modules_dir.is_dir() or missing:
+        lacking = missing or list(wanted)
+        return f"the prepared guest keeps no modules {lacking}: run `sandbench vm prepare`"
+    return None
+
+
 def prepare_guest(home: Path | None = None, force: bool = False) -> Guest:
     """Fetch the kernel package and build the initramfs into ``home`` (idempotent)."""
     home = home or vm_home()
     current = load_guest(home)
-    if current is not None and not force and v2host_problem(current) is None:
+    if (
+        current is not None
+        and not force
+        and v2host_problem(current) is None
+        and modules_problem(current, kernel.LAB_MODULES) is None
+    ):
         return current
     home.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kernel-", dir=home) as tmp:
@@ -118,13 +142,17 @@ def prepare_guest(home: Path | None = None, force: bool = False) -> Guest:
         builtin = kernel.builtin_modules(tree.modules_dir)
         order = kernel.load_order(kernel.GUEST_MODULES, index, builtin)
         v2_order = kernel.load_order(kernel.GUEST_MODULES + kernel.V2HOST_MODULES, index, builtin)
-        kernel.copy_modules(v2_order, index, work / "modules")  # a superset of ``order``
+        every = kernel.GUEST_MODULES + kernel.V2HOST_MODULES + kernel.LAB_MODULES
+        all_order = kernel.load_order(every, index, builtin)  # a superset of the others
+        modules_dir = home / f"modules-{tree.version}"
+        shutil.rmtree(modules_dir, ignore_errors=True)
+        kernel.copy_modules(all_order, index, modules_dir)
         vmlinuz = kernel.copy_vmlinuz(tree, home / f"vmlinuz-{tree.version}")
         initrd = initramfs.build_initramfs(
-            work / "modules", order, home / f"initrd-{tree.version}.gz"
+            modules_dir, order, home / f"initrd-{tree.version}.gz"
         )
         v2_initrd = initramfs.build_initramfs(
-            work / "modules", v2_order, home / f"initrd-v2host-{tree.version}.gz",
+            modules_dir, v2_order, home / f"initrd-v2host-{tree.version}.gz",
             init=initramfs.V2HOST_INIT_SCRIPT,
         )  # fmt: skip
     manifest = {
@@ -135,11 +163,13 @@ def prepare_guest(home: Path | None = None, force: bool = False) -> Guest:
         INIT_SHA_KEY: sha256_file(initramfs.INIT_SCRIPT),
         "v2host_initrd": v2_initrd.name,
         V2HOST_SHA_KEY: sha256_file(initramfs.V2HOST_INIT_SCRIPT),
+        MODULES_KEY: all_order,
+        "modules_dir": modules_dir.name,
     }
     (home / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    for stale in [*home.glob("vmlinuz-*"), *home.glob("initrd-*")]:
-        if stale not in (vmlinuz, initrd, v2_initrd):
-            stale.unlink()
+    for stale in [*home.glob("vmlinuz-*"), *home.glob("initrd-*"), *home.glob("modules-*")]:
+        if stale not in (vmlinuz, initrd, v2_initrd, modules_dir):
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
     guest = load_guest(home)
     problem = v2host_problem(guest)
     if guest is None or problem:
