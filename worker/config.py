@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.errors import HostKeyError
+from tasks.files import write_atomic
+from tasks.names import check_name
 from tasks.paths import HOME_ENV, sandbench_home
 from tasks.signing import fingerprint, public_key_from_b64
 
@@ -63,10 +65,26 @@ def trust_coordinator(public_b64: str, home: Path, *, replace: bool = False) -> 
             "replace it on purpose: sandbench host trust-coordinator --replace FILE"
         )
     home.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(public_b64 + "\n")
-    tmp.chmod(0o644)
-    os.replace(tmp, path)
+    write_atomic(path, public_b64 + "\n", mode=0o644)
+    return path
+
+
+def allow_command_modes(names: list[str], home: Path, *, keep: bool = False) -> Path | None:
+    """Write ``home/worker.toml`` allowing command modes ``names`` (each a valid name); with
+    ``keep``, an existing file stays as it is when ``names`` is empty (None is returned)."""
+    path = home / WORKER_CONFIG
+    if keep and not names and path.exists():
+        return None
+    for name in names:
+        check_name(name, "command mode")
+    listed = ", ".join(f'"{n}"' for n in names)
+    text = (
+        "# Command modes this worker runs: each runs its template through /bin/sh as root.\n"
+        "# A spec cannot allow one; add names here (or install.sh --allow-command-modes).\n"
+        f"{ALLOW_KEY} = [{listed}]\n"
+    )
+    home.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text, mode=0o644)
     return path
 
 

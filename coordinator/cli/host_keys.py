@@ -4,15 +4,16 @@ coordinator's own key) and ``host trust-coordinator`` (the one coordinator a wor
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
 
 from coordinator.store.trust import HostRegistry, own_coordinator_key
+from tasks.files import write_atomic
+from tasks.names import check_name
 from tasks.paths import DEFAULT_HOME, sandbench_home
 from tasks.signing import COORDINATOR_KEY_FILE, KEY_FILE, HostKey, fingerprint
-from worker.config import COORDINATOR_PUB, ETC_DIR, trust_coordinator
+from worker.config import COORDINATOR_PUB, ETC_DIR, allow_command_modes, trust_coordinator
 
 REGISTRY_FILE = "hosts.json"
 PUBLIC_SUFFIX = ".pub"
@@ -34,7 +35,7 @@ def host_init(home: Path | None, name: str | None, quiet: bool, export_dir: Path
     home = home or sandbench_home()
     path = home / KEY_FILE
     existed = path.exists()
-    key = HostKey.load_or_create(path, name=name)
+    key = HostKey.load_or_create(path, name=None if name is None else check_name(name, "--name"))
     HostRegistry(home / REGISTRY_FILE).add(key.name, key.public_b64())
     if export_dir is not None:
         exported = export_public_key(key, export_dir)
@@ -57,10 +58,7 @@ def export_public_key(key: HostKey, directory: Path) -> Path:
 def _export(public_b64: str, target: Path) -> Path:
     """Write a public key alone to ``target`` (mode 0644, atomically); its path."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(public_b64 + "\n")
-    tmp.chmod(0o644)
-    os.replace(tmp, target)
+    write_atomic(target, public_b64 + "\n", mode=0o644)
     return target
 
 
@@ -154,9 +152,26 @@ def host_trust_coordinator(pubkey: str, home: Path | None, replace: bool) -> Non
     click.echo(f"trusted: coordinator key {fingerprint(text)} in {path}")
 
 
+@click.command("allow-command-modes")
+@click.argument("names", default="")
+@click.option(
+    "--home", type=click.Path(path_type=Path), default=None,
+    help=f"Directory of worker.toml (default $SANDBENCH_HOME; {ETC_DIR} is install.sh's).",
+)  # fmt: skip
+@click.option("--keep", is_flag=True, help="With no NAMES, keep an existing worker.toml as it is.")
+def host_allow_command_modes(names: str, home: Path | None, keep: bool) -> None:
+    """Let this lab host's worker run the command modes NAMES (comma-separated; none: empty)."""
+    listed = [n.strip() for n in names.split(",") if n.strip()]
+    path = allow_command_modes(listed, home or sandbench_home(), keep=keep)
+    if path is not None:
+        click.echo(f"command modes allowed on this worker: {', '.join(listed) or 'none'} ({path})")
+
+
 def register(host_group: click.Group, hosts_group: click.Group) -> None:
-    """Attach ``host init``, ``host trust-coordinator`` and ``hosts add|list``."""
+    """Attach ``host init``, ``host trust-coordinator``, ``host allow-command-modes`` and
+    ``hosts add|list``."""
     host_group.add_command(host_init)
     host_group.add_command(host_trust_coordinator)
+    host_group.add_command(host_allow_command_modes)
     hosts_group.add_command(hosts_add)
     hosts_group.add_command(hosts_list)
