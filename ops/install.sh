@@ -6,6 +6,12 @@
 #   ops/install.sh --role worker --host lab-a --broker redis://broker:6379/0 --password-file pw \
 #       --coordinator-key coordinator.pub [--allow-command-modes gvisor,nsjail]
 #
+# Offline (no internet on the lab host): --wheels DIR installs sandbench and its dependencies from
+# a wheelhouse built on a connected machine of the same distribution and Python, with
+#   python3 -m pip wheel --wheel-dir wheels /path/to/sandbench
+# and takes the system packages as they are: a missing one is named (and nothing installed)
+# instead of failing inside apt. Online, only the missing packages are installed.
+#
 # The coordinator role creates the coordinator's Ed25519 key and exports its public half to
 # /etc/sandbench/coordinator.pub: copy that file to each worker for --coordinator-key. A worker
 # runs only specs signed by that key, and command modes (templates run as root) only if named
@@ -13,19 +19,20 @@
 #
 # TLS: --tls-cert FILE --tls-key FILE on the broker; a rediss:// URL and --broker-ca FILE (the CA
 # that signed the broker's certificate) on the others. --port PORT (default 6379) on the broker;
-# --root DIR writes every file under DIR and touches no package, venv, key or service (tests).
+# --root DIR writes every file under DIR and touches no package, venv, key or service (tests; it
+# uses the repository's own .venv for the checks).
 #
 # The broker's password is never on a command line: the broker writes it to an include file of
 # redis.conf (mode 0600, owner redis) and to /etc/sandbench/broker.password (0600), which you copy
 # to the other hosts for --password-file (without it, the script asks). Workers and the
-# coordinator keep the whole URL in /etc/sandbench/sandbench.env (0600), read by the systemd units.
+# coordinator keep the whole URL in /etc/sandbench/sandbench.env (0600), read by the systemd units
+# and by /usr/local/bin/sandbench, the command with this host's configuration.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-NAME_RE='^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'  # tasks/names.py: a host name is a file name
 role="" host="$(hostname -s)" broker="" password_file="" broker_ca="" port=6379 root=""
-tls_cert="" tls_key="" binds=() coordinator_key="" allow_modes=""
+tls_cert="" tls_key="" binds=() coordinator_key="" allow_modes="" wheels=""
 
-usage() { sed -n '2,22p' "$0"; exit 2; }
+usage() { sed -n '2,29p' "$0"; exit 2; }
 die() { echo "install.sh: $*" >&2; exit 2; }
 say() { printf '==> %s\n' "$*"; }
 while (($#)); do
@@ -42,29 +49,60 @@ while (($#)); do
     --root) root="$(realpath -m "$2")"; shift 2 ;;
     --coordinator-key) coordinator_key="$2"; shift 2 ;;
     --allow-command-modes) allow_modes="$2"; shift 2 ;;
+    --wheels) wheels="$(realpath -m "$2")"; shift 2 ;;
     -h|--help) usage ;;
     *) echo "install.sh: unknown option $1" >&2; usage ;;
   esac
 done
 [[ "$role" =~ ^(worker|coordinator|broker)$ ]] || usage
 [[ "$port" =~ ^[0-9]{1,5}$ ]] || die "--port $port is not a port number"
+[ -z "$wheels" ] || [ -d "$wheels" ] || die "--wheels $wheels is not a directory (a wheelhouse:" \
+  "python3 -m pip wheel --wheel-dir DIR /path/to/sandbench, on a connected machine)"
+[ -z "$password_file" ] || [ -r "$password_file" ] || die "--password-file $password_file cannot" \
+  "be read (the broker's /etc/sandbench/broker.password, copied here)"
 PREFIX="$root/opt/sandbench"
 HOME_DIR="$root/var/lib/sandbench"
 ETC="$root/etc/sandbench"
 ENV_FILE="$ETC/sandbench.env"
+WRAPPER="$root/usr/local/bin/sandbench"
+# The sandbench command this script asks what Python already knows (names, keys, trust).
+if [ -n "$root" ]; then SANDBENCH="$REPO/.venv/bin/sandbench"; else SANDBENCH="$PREFIX/venv/bin/sandbench"; fi
+sb() { SANDBENCH_HOME="$HOME_DIR" "$SANDBENCH" "$@"; }
 
-install_packages() {
-  local common=(python3 git gcc make bubblewrap util-linux iproute2 e2fsprogs openssl)
-  if command -v apt-get >/dev/null; then
+# --- system packages: checked, installed only when missing and online ------------------------
+packages_for() {  # the packages role $1 needs, for package manager $2 (apt or dnf)
+  local python=(python3) worker=(git gcc make bubblewrap util-linux iproute2 e2fsprogs)
+  [ "$2" = apt ] && python+=(python3-venv)
+  case "$1" in
+    broker) if [ "$2" = apt ]; then echo redis-server openssl; else echo redis openssl; fi ;;
+    coordinator) echo "${python[*]} openssl" ;;
+    worker) echo "${python[*]} ${worker[*]}" ;;
+  esac
+}
+
+ensure_packages() {
+  local manager missing=() p
+  if command -v dpkg-query >/dev/null; then manager=apt
+  elif command -v rpm >/dev/null; then manager=dnf
+  else die "neither dpkg nor rpm found: install $(packages_for "$role" apt) by hand"; fi
+  for p in $(packages_for "$role" "$manager"); do
+    if [ "$manager" = apt ]; then
+      dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    else
+      rpm -q "$p" >/dev/null 2>&1 || missing+=("$p")
+    fi
+  done
+  ((${#missing[@]})) || { say "system packages: all there"; return; }
+  if [ -n "$wheels" ]; then
+    die "missing system packages: ${missing[*]}. Offline (--wheels), nothing is fetched:" \
+      "install them from your distribution's media or local mirror, then run this again"
+  fi
+  say "installing ${missing[*]}"
+  if [ "$manager" = apt ]; then
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    [ "$role" = broker ] && common+=(redis-server)
-    apt-get install -y -q --no-install-recommends python3-venv "${common[@]}"
-  elif command -v dnf >/dev/null; then
-    [ "$role" = broker ] && common+=(redis)
-    dnf install -y -q "${common[@]}" glibc-devel
+    apt-get update -q && apt-get install -y -q --no-install-recommends "${missing[@]}"
   else
-    echo "install.sh: neither apt-get nor dnf found; install ${common[*]} by hand" >&2; exit 1
+    dnf install -y -q "${missing[@]}"
   fi
 }
 
@@ -72,7 +110,25 @@ install_venv() {
   say "venv in $PREFIX/venv"
   mkdir -p "$PREFIX" "$HOME_DIR"
   [ -x "$PREFIX/venv/bin/python" ] || python3 -m venv "$PREFIX/venv"
-  "$PREFIX/venv/bin/pip" install -q --disable-pip-version-check "$REPO"
+  local pip=("$PREFIX/venv/bin/pip" install -q --disable-pip-version-check)
+  if [ -n "$wheels" ]; then
+    "${pip[@]}" --no-index --find-links "$wheels" sandbench || die "pip found no complete" \
+      "sandbench in $wheels: build the wheelhouse again from this release (see --help)"
+  else
+    "${pip[@]}" "$REPO"
+  fi
+}
+
+# /usr/local/bin/sandbench: the command with this host's broker URL, home and store.
+install_wrapper() {
+  mkdir -p "$(dirname "$WRAPPER")"
+  cat > "$WRAPPER" <<EOF
+#!/bin/sh
+# sandbench with this host's configuration (written by ops/install.sh --role $role).
+set -a; . $ENV_FILE; set +a
+exec $PREFIX/venv/bin/sandbench "\$@"
+EOF
+  chmod 0755 "$WRAPPER"
 }
 
 # The broker's password: first line of --password-file, else asked for (never an argument).
@@ -102,11 +158,14 @@ broker_url() {
   printf '%s' "$url"
 }
 
-write_env() {
+check_broker_url() {
   [ -n "$broker" ] || die "--broker URL is required for $role"
   [[ "$broker" =~ ^rediss?://[^/@]+(:[0-9]+)?(/[0-9]*)?(\?.*)?$ ]] || die \
     "--broker $broker is not redis://HOST[:PORT]/DB or rediss://...; the password goes in" \
     "--password-file, never on the command line"
+}
+
+write_env() {
   mkdir -p "$ETC" "$HOME_DIR"
   local url; url="$(broker_url)"
   (
@@ -115,6 +174,7 @@ write_env() {
       echo "SANDBENCH_BROKER=$url"
       echo "SANDBENCH_HOME=$HOME_DIR"
       if [ "$role" = coordinator ]; then
+        echo "SANDBENCH_DATA=$HOME_DIR/data"
         echo "SANDBENCH_FLOWER_AUTH=admin:$(openssl rand -hex 12)"
       fi
     } > "$ENV_FILE"
@@ -177,75 +237,49 @@ setup_broker() {
   say "password in $ETC/broker.password (0600): copy it to each host for --password-file"
 }
 
-# The one coordinator key this worker obeys: --coordinator-key FILE into $ETC/coordinator.pub;
-# another key where one is installed is refused (remove the file to change it on purpose).
-trust_coordinator() {
-  local target="$ETC/coordinator.pub" key
-  if [ -z "$coordinator_key" ]; then
-    [ -s "$target" ] || die "--coordinator-key FILE is required for a worker: the coordinator's" \
-      "public key (on the coordinator: /etc/sandbench/coordinator.pub, or sandbench coordinator" \
-      "init --export DIR)"
-    return
-  fi
-  key="$(tr -d ' \r\n' < "$coordinator_key")"
-  python3 -c 'import base64, sys; sys.exit(len(base64.b64decode(sys.argv[1], validate=True)) != 32)' \
-    "$key" 2>/dev/null || die "--coordinator-key $coordinator_key is not an Ed25519 public key"
-  if [ -s "$target" ] && [ "$(tr -d ' \r\n' < "$target")" != "$key" ]; then
-    die "$target already trusts another coordinator key; refused (another machine may pose as" \
-      "the coordinator). If the coordinator's key really changed, remove $target and run again"
-  fi
-  mkdir -p "$ETC"; printf '%s\n' "$key" > "$target"; chmod 0644 "$target"
-  say "worker runs only specs signed by the coordinator key in $target"
-}
-
-# The command modes this worker runs (a spec can never allow one): $ETC/worker.toml.
-write_allowlist() {
-  local target="$ETC/worker.toml" names=() name
-  [ -n "$allow_modes" ] || [ ! -e "$target" ] || return 0
-  IFS=',' read -ra names <<<"$allow_modes"
-  local quoted=()
-  for name in "${names[@]}"; do
-    [[ "$name" =~ $NAME_RE ]] || die "--allow-command-modes: '$name' is not a mode name"
-    quoted+=("\"$name\"")
-  done
-  mkdir -p "$ETC"
-  {
-    echo "# Command modes this worker runs: each runs its template through /bin/sh as root."
-    echo "# A spec cannot allow one; add names here (or install.sh --allow-command-modes)."
-    echo "allowed_command_modes = [$(IFS=,; echo "${quoted[*]}" | sed 's/,/, /g')]"
-  } > "$target"
-  chmod 0644 "$target"
-  say "command modes allowed on this worker: ${allow_modes:-none} ($target)"
+# The one coordinator key this worker obeys (sandbench host trust-coordinator: it refuses a
+# malformed key, and another key where one is trusted).
+require_coordinator_key() {
+  [ -n "$coordinator_key" ] || [ -s "$ETC/coordinator.pub" ] || die "--coordinator-key FILE is" \
+    "required for a worker: the coordinator's public key (on the coordinator:" \
+    "/etc/sandbench/coordinator.pub, or sandbench coordinator init --export DIR)"
+  [ -z "$coordinator_key" ] || [ -r "$coordinator_key" ] ||
+    die "--coordinator-key $coordinator_key cannot be read"
 }
 
 setup_worker() {
-  [[ "$host" =~ $NAME_RE ]] || die "--host $host: use 1-64 letters, digits, '.', '_' or '-'"
-  trust_coordinator
-  [ -n "$root" ] || { install_packages; install_venv; }
-  write_env; write_allowlist; install_units
-  if [ -n "$root" ]; then return; fi
-  SANDBENCH_HOME=$HOME_DIR "$PREFIX/venv/bin/python" - "$host" <<'PY'
-import sys
-from tasks.signing import HostKey, default_key_path
-key = HostKey.load_or_create(default_key_path(), name=sys.argv[1])
-print(f"==> host key {key.key_id}; on the coordinator run:")
-print(f"    sandbench hosts add {key.name} {key.public_b64()}")
-PY
+  check_broker_url; require_coordinator_key
+  [ -n "$root" ] || { ensure_packages; install_venv; }
+  # What Python knows, asked before anything is configured: the key, the names.
+  if [ -n "$coordinator_key" ]; then
+    sb host trust-coordinator "$coordinator_key" --home "$ETC" >/dev/null || die "the worker" \
+      "was not set up (the line above says why)"
+  fi
+  say "worker runs only specs signed by the coordinator key in $ETC/coordinator.pub"
+  if [ -z "$root" ]; then
+    sb host init --name "$host" || die "no host key made (the line above says why)"
+  fi
+  sb host allow-command-modes "$allow_modes" --home "$ETC" --keep ||
+    die "the worker was not set up (the line above says why)"
+  write_env; install_units; install_wrapper
+  [ -n "$root" ] && return
   systemctl enable --now "sandbench-worker@$host"
+  say "worker sandbench-worker@$host started: journalctl -u sandbench-worker@$host"
 }
 
 setup_coordinator() {
-  [ -n "$root" ] || { install_packages; install_venv; }
-  write_env; install_units
-  if [ -z "$root" ]; then  # the coordinator's key: signs the expansion, every spec, the logs
-    SANDBENCH_HOME=$HOME_DIR "$PREFIX/venv/bin/sandbench" coordinator init --export "$ETC"
-  fi
-  [ -n "$root" ] || systemctl enable --now sandbench-coordinator sandbench-flower
+  check_broker_url
+  [ -n "$root" ] || { ensure_packages; install_venv; }
+  write_env; install_units; install_wrapper
+  [ -n "$root" ] && return
+  # The coordinator's key: signs the expansion, every spec, the logs.
+  sb coordinator init --export "$ETC"
+  systemctl enable --now sandbench-coordinator sandbench-flower
   say "Flower credentials are in $ENV_FILE (SANDBENCH_FLOWER_AUTH)"
 }
 
 case "$role" in
-  broker) [ -n "$root" ] || install_packages; setup_broker ;;
+  broker) [ -n "$root" ] || ensure_packages; setup_broker ;;
   worker) setup_worker ;;
   coordinator) setup_coordinator ;;
 esac

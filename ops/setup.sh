@@ -21,6 +21,7 @@ APT_PACKAGES=(
   qemu-system-x86 busybox-static cpio        # VM modes and their initramfs
   chromium                                   # report and Flower screenshot tests (headless)
   docker-compose mmdebstrap                  # the compose fleet; its base image from Debian's archive
+  openssh-server udev                        # the lab hosts booted from this root (ops/lab.sh)
 )
 missing=()
 for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -28,9 +29,17 @@ if ((${#missing[@]})); then
   say "apt-get install ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
+  # No daemon of these packages is started on this machine (sandbench starts private ones, and
+  # the lab hosts start their own sshd): policy-rc.d forbids it for the install's length.
+  guard=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    guard=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' > "$guard"; chmod 0755 "$guard"
+    trap 'rm -f "$guard"' EXIT
+  fi
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+  [ -z "$guard" ] || { rm -f "$guard"; trap - EXIT; }
 fi
-# Packages may start system daemons; sandbench never uses them (it owns private ones).
 
 # --- python environment ----------------------------------------------------------------------
 if [ ! -x .venv/bin/python ]; then
