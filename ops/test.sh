@@ -7,8 +7,8 @@ cd "$REPO"
 bash ops/setup.sh
 export CI="${CI:-}"
 echo "==> ruff"
-.venv/bin/ruff check coordinator worker tasks workloads tests benchmarks
-echo "==> mypy (strict, the four packages)"
+.venv/bin/ruff check coordinator worker tasks workloads testbed tests benchmarks
+echo "==> mypy (strict, the five packages)"
 .venv/bin/mypy
 echo "==> pytest"
 exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
