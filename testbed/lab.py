@@ -296,8 +296,10 @@ def qemu_argv(lab: Lab, host: LabHost, vmlinuz: Path) -> list[str]:
     """QEMU's command line for ``host`` (daemonized, inside the lab's namespace)."""
     hdir = lab.host_dir(host)
     append = f"{qemu.KERNEL_ARGS} sandbench.lab={hdir / 'identity'} systemd.show_status=false"
+    if os.environ.get("SANDBENCH_LAB_DEBUG"):
+        append += " systemd.journald.forward_to_console=1"
     argv = [
-        qemu.QEMU, "-name", host.name, "-M", "q35", "-accel", "tcg,thread=multi",
+        qemu.QEMU, "-name", host.name, "-M", "q35", "-accel", "tcg,thread=single",
         "-cpu", TCG_CPU, "-m", str(host.memory_mib), "-smp", str(VCPUS),
         "-kernel", str(vmlinuz), "-initrd", str(lab.initrd), "-append", append,
         "-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap",

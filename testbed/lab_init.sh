@@ -33,8 +33,8 @@ mount -t 9p -o "$OPTS9P,ro,cache=loose" hostroot /lower || fail "mount this mach
 [ -r "/lower$IDENTITY" ] || fail "identity file $IDENTITY not visible in the guest"
 . "/lower$IDENTITY"
 mount -t ext4 /dev/vda /scratch || fail "mount the scratch disk"
-mkdir -p /scratch/upper /scratch/work /scratch/var-tmp
-chmod 1777 /scratch/var-tmp
+mkdir -p /scratch/upper /scratch/work /scratch/var-tmp /scratch/tmp
+chmod 1777 /scratch/var-tmp /scratch/tmp
 mount -t overlay overlay -o lowerdir=/lower,upperdir=/scratch/upper,workdir=/scratch/work \
   /newroot || fail "mount the overlay root"
 R=/newroot
@@ -43,6 +43,9 @@ mount -t sysfs sys $R/sys
 mount -t devtmpfs dev $R/dev
 # The work root on the scratch disk's own file system, not through the overlay.
 mount --bind /scratch/var-tmp $R/var/tmp || fail "bind /var/tmp"
+# The guest's own /tmp: systemd-tmpfiles empties /tmp at boot, and through the overlay that
+# would mean a whiteout for every entry of this machine's /tmp (minutes under TCG).
+mount --bind /scratch/tmp $R/tmp || fail "bind /tmp"
 # The lab's shared directory (wheelhouse), read-only, where a USB stick would be.
 mkdir -p $R/media/lab
 mount -t 9p -o "$OPTS9P,ro" labshare $R/media/lab || fail "mount the lab share"
@@ -61,7 +64,8 @@ first_boot() {
   chroot $R /usr/bin/ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key \
     || fail "ssh host key"
   mkdir -p $R/etc/ssh/sshd_config.d $R/root/.ssh $R/etc/systemd/network $R/var/log/journal
-  echo "HostKey /etc/ssh/ssh_host_ed25519_key" >$R/etc/ssh/sshd_config.d/lab.conf
+  # No PAM: a root login by key opens no logind session and no user manager (seconds of TCG).
+  printf "HostKey /etc/ssh/ssh_host_ed25519_key\nUsePAM no\n" >$R/etc/ssh/sshd_config.d/lab.conf
   echo "$AUTHORIZED_KEY" >$R/root/.ssh/authorized_keys
   chmod 700 $R/root/.ssh; chmod 600 $R/root/.ssh/authorized_keys
   printf '[Match]\nMACAddress=%s\n\n[Network]\nAddress=%s\n' "$MAC" "$ADDRESS" \
