@@ -110,7 +110,9 @@ install_venv() {
   say "venv in $PREFIX/venv"
   mkdir -p "$PREFIX" "$HOME_DIR"
   [ -x "$PREFIX/venv/bin/python" ] || python3 -m venv "$PREFIX/venv"
-  local pip=("$PREFIX/venv/bin/pip" install -q --disable-pip-version-check)
+  # --no-compile: bytecode is written on first import, not for every module of every dependency
+  # (minutes on a slow host, for modules the worker never imports).
+  local pip=("$PREFIX/venv/bin/pip" install -q --disable-pip-version-check --no-compile)
   if [ -n "$wheels" ]; then
     "${pip[@]}" --no-index --find-links "$wheels" sandbench || die "pip found no complete" \
       "sandbench in $wheels: build the wheelhouse again from this release (see --help)"

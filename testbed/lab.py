@@ -436,6 +436,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("name")
     b.add_argument("--clock-offset", type=int, default=None, metavar="SECONDS")
     sub.add_parser("wheels", help="build the wheelhouse into the lab's share (needs PyPI)")
+    sub.add_parser("provision", help="install.sh offline: the last host broker and coordinator, "
+                   "the others workers, their keys registered")  # fmt: skip
     return p
 
 
@@ -477,6 +479,14 @@ def _command(ns: argparse.Namespace) -> int:
         print(f"{ns.name} {wait_ready(lab, ns.name)}")
     elif ns.command == "wheels":
         print(build_wheels(Lab.load(ns.dir)))
+    elif ns.command == "provision":
+        from testbed.provision import provision  # noqa: PLC0415 (it imports this module)
+
+        fleet = provision(Lab.load(ns.dir))
+        print(f"broker and coordinator {fleet.coordinator} ({fleet.broker_url}), "
+              f"workers {' '.join(fleet.workers)}")  # fmt: skip
+        for step, took in fleet.seconds.items():
+            print(f"  {step}: {took:g} s")
     return 0
 
 
