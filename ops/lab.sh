@@ -14,4 +14,4 @@ if [ ! -x "$PY" ]; then
   exit 2
 fi
 cd "$REPO"
-exec "$PY" -m testbed.lab "$@"
+exec "$PY" -m testbed.cli "$@"

@@ -1,4 +1,4 @@
-"""The four packages' imports: the contract at the bottom, no upward import, no cycle."""
+"""The five packages' imports: the contract at the bottom, no upward import, no cycle."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # Bottom to top: a package may import only packages at or below its own layer.
-LAYERS = ("tasks", "workloads", "worker", "coordinator")
+LAYERS = ("tasks", "workloads", "worker", "coordinator", "testbed")  # testbed: ops/lab.sh
 # The coordinator's own floors, bottom to top, in the order of the data flow: a plan, the store
 # of its records, the results made from them, the two transports that run a campaign (neither
 # imports the other), the command line.
