@@ -115,7 +115,7 @@ def test_a_campaign_across_the_lab_verifies_and_leaves_nothing(
     data = f"/var/lib/sandbench/data/{campaign}"
     report = sh(made, "lab-c", f"cat {data}/report.md")
     assert "lab-a" in report and "lab-b" in report
-    assert not any(word in report.lower() for word in ("fastest host", "rank"))
+    assert "fastest host" not in report.lower()  # (the report says it ranks none: "rank" is in it)
     # lab-b's clock is an hour ahead: its provenance says so, nothing else minds.
     dates = {
         name: json.loads(sh(made, "lab-c", f"cat {data}/hosts/{name}/provenance.json"))["date"]
