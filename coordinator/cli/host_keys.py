@@ -138,12 +138,17 @@ def coordinator_init(home: Path | None, export_dir: Path | None, quiet: bool) ->
     click.echo(f"  or: sandbench host trust-coordinator {key.public_b64()}")
 
 
+# The worker configuration's directory, for the commands that write into it.
+CONFIG_HOME_OPTION = click.option(
+    "--home", type=click.Path(path_type=Path), default=None,
+    help=f"Directory of the worker configuration (default $SANDBENCH_HOME; {ETC_DIR} is "
+    "install.sh's).",
+)  # fmt: skip
+
+
 @click.command("trust-coordinator")
 @click.argument("pubkey")
-@click.option(
-    "--home", type=click.Path(path_type=Path), default=None,
-    help=f"Directory to trust it in (default $SANDBENCH_HOME; {ETC_DIR} is install.sh's).",
-)  # fmt: skip
+@CONFIG_HOME_OPTION
 @click.option("--replace", is_flag=True, help="Replace a coordinator key trusted before.")
 def host_trust_coordinator(pubkey: str, home: Path | None, replace: bool) -> None:
     """Make this lab host's worker run specs signed by coordinator key PUBKEY (or a file)."""
@@ -154,10 +159,7 @@ def host_trust_coordinator(pubkey: str, home: Path | None, replace: bool) -> Non
 
 @click.command("allow-command-modes")
 @click.argument("names", default="")
-@click.option(
-    "--home", type=click.Path(path_type=Path), default=None,
-    help=f"Directory of worker.toml (default $SANDBENCH_HOME; {ETC_DIR} is install.sh's).",
-)  # fmt: skip
+@CONFIG_HOME_OPTION
 @click.option("--keep", is_flag=True, help="With no NAMES, keep an existing worker.toml as it is.")
 def host_allow_command_modes(names: str, home: Path | None, keep: bool) -> None:
     """Let this lab host's worker run the command modes NAMES (comma-separated; none: empty)."""
