@@ -35,6 +35,7 @@ COPY worker ./worker
 COPY tasks ./tasks
 COPY workloads ./workloads
 COPY ops ./ops
+COPY testbed ./testbed
 RUN /opt/sandbench/venv/bin/pip install --no-deps . \
  && install -m 0644 ops/redis.conf /etc/redis/sandbench.conf
 

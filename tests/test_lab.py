@@ -135,7 +135,8 @@ def _seconds(stamp: str) -> float:
 def assert_nothing_left(made: labmod.Lab, name: str) -> None:
     """No environment cgroup, process, mount or workspace left on host ``name``."""
     unit = UNIT_CGROUP.format(name)
-    left = sh(made, name, f"ls {shlex.quote(unit)}/envs; ls -A /var/tmp/sandbench/envs 2>/dev/null;"
+    left = sh(made, name, f"find {shlex.quote(unit)}/envs -mindepth 1 -type d;"  # (its own files)
+              " ls -A /var/tmp/sandbench/envs 2>/dev/null;"
               " grep -c /var/tmp/sandbench /proc/self/mountinfo || true")  # fmt: skip
     assert left.strip() == "0", left
     supervisor = sh(made, name, f"cat {shlex.quote(unit)}/supervisor/cgroup.procs").split()

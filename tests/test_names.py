@@ -93,7 +93,7 @@ def test_command_line_edges_refuse_path_names(tmp_path: Path) -> None:
     plan.write_text('modes = ["native"]\nworkloads = ["publish"]\n')
     cases = [
         (["hosts", "add", "../x", key, "--registry", str(registry)], "host '../x'"),
-        (["host", "init", "--name", "../x", "--home", str(home)], "host name '../x'"),
+        (["host", "init", "--name", "../x", "--home", str(home)], "--name '../x'"),
         (["worker", "--host", "../x"], "--host '../x'"),
         (["dispatch", str(plan), "--hosts", "lab-a,../b", "--data", str(data)], "'../b'"),
         (["report", "../x", "--data", str(data)], "campaign id '../x'"),

