@@ -189,6 +189,16 @@ write_env() {
   say "wrote $ENV_FILE (mode 0600: the broker URL with its password)"
 }
 
+# The broker answers with this host's URL and password (the env file just written), before any
+# unit starts: a wrong --password-file or an unreachable broker is one line now, not a unit
+# restarting every few seconds.
+check_broker_answers() {
+  (set -a; . "$ENV_FILE"; set +a; sb host check-broker) || die "the broker did not accept" \
+    "this host (the line above says why): --password-file must hold the broker's" \
+    "$ETC/broker.password, and the broker must be installed with --bind an address this host" \
+    "reaches; then run this command again"
+}
+
 install_units() {
   mkdir -p "$root/etc/systemd/system"
   install -m 0644 "$REPO"/ops/systemd/sandbench-*.service "$root/etc/systemd/system/"
@@ -269,6 +279,7 @@ setup_worker() {
     die "the worker was not set up (the line above says why)"
   write_env; install_units; install_wrapper
   [ -n "$root" ] && return
+  check_broker_answers
   # restart, not only start: an install over an older one runs the new code (a running environment
   # finishes first: the warm shutdown)
   systemctl enable "sandbench-worker@$host" && systemctl restart "sandbench-worker@$host"
@@ -280,6 +291,7 @@ setup_coordinator() {
   [ -n "$root" ] || { ensure_packages; install_venv; }
   write_env; install_units; install_wrapper
   [ -n "$root" ] && return
+  check_broker_answers
   # The coordinator's key: signs the expansion, every spec, the logs.
   sb coordinator init --export "$ETC"
   systemctl enable sandbench-coordinator sandbench-flower

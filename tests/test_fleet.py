@@ -54,6 +54,8 @@ def test_two_hosts_in_namespaces_run_each_environment_once_in_order(make_fleet: 
         provenance = Store(fleet.data).provenance(campaign, name)
         assert provenance["host"] == name and provenance["campaign"] == campaign
         assert provenance["quota"]["memory_bytes"] == 1024**3  # the plan's quota
+        clock = provenance["clock_vs_broker"]  # one machine: one clock, a local round trip
+        assert abs(clock["offset_s"]) < clock["rtt_s"] + 0.05 and 0 < clock["rtt_s"] < 1, clock
     assert all(h["finalized"] for h in final["hosts"])
 
 

@@ -232,13 +232,30 @@ def outcome_text(record: dict[str, Any]) -> str:
     return text
 
 
-def provenance_envelope(spec: EnvironmentSpec, host: HostState) -> dict[str, Any]:
+def clock_against_broker(client: redis.Redis) -> dict[str, float]:
+    """This host's clock minus the broker's (Redis ``TIME``), in seconds, and the round trip.
+
+    Times are per host (every duration is a monotonic interval on one host), so an offset breaks
+    nothing; the provenance names it so that a reader comparing dates across hosts knows.
+    """
+    before = time.time()
+    seconds, micros = client.time()
+    after = time.time()
+    broker = seconds + micros / 1e6
+    return {"offset_s": round((before + after) / 2 - broker, 3), "rtt_s": round(after - before, 4)}
+
+
+def provenance_envelope(
+    spec: EnvironmentSpec, host: HostState, clock: dict[str, float] | None = None
+) -> dict[str, Any]:
     """This host's provenance for ``spec``'s campaign, signed with the host key."""
     from worker.provenance import collect
 
     facts = collect(host.name, host.work_root, campaign=spec.campaign, seed=spec.seed,
                     cohort=spec.cohort, quota=spec.quota.model_dump(mode="json"),
                     modes=host.mode_verdicts(spec.campaign))  # fmt: skip
+    if clock is not None:
+        facts["clock_vs_broker"] = clock
     body = {"campaign": spec.campaign, "host": host.name, "facts": facts}
     return {**body, "key_id": host.key.key_id, "ed25519": host.key.sign(canonical_json(body))}
 
@@ -250,7 +267,7 @@ def send_provenance(
     marker = PROVENANCE_KEY.format(campaign=spec.campaign, host=spec.host)
     if not client.set(marker, "1", nx=True, ex=MARK_TTL_S) and not new_verdict:
         return
-    envelope = provenance_envelope(spec, host_state(spec))
+    envelope = provenance_envelope(spec, host_state(spec), clock_against_broker(client))
     app.send_task(TASK_PROVENANCE, args=[envelope], queue=COORDINATOR_QUEUE,
                   argsrepr=f"{spec.host} {spec.campaign}")  # fmt: skip
 

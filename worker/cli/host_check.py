@@ -1,6 +1,8 @@
 """``sandbench host check [--json]``: every requirement of this lab host, ok or failed with its fix.
 
 Exit status 0 when every line is ok, 1 when one fails (the lines say what to do).
+``sandbench host check-broker``: the broker of ``$SANDBENCH_BROKER`` answers with this host's
+password (``ops/install.sh`` asks it before it starts a unit); exit 2 with one line otherwise.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from tasks.options import broker_option
 from tasks.paths import DEFAULT_WORK_ROOT
 from worker.hostcheck import Check
 from worker.hostcheck_tools import run_checks
@@ -41,6 +44,18 @@ def check(as_json: bool, work_root: Path) -> None:
         sys.exit(FAILED_STATUS)
 
 
+@click.command("check-broker")
+@broker_option
+def check_broker_cmd(broker: str | None) -> None:
+    """Check that the broker answers PING with this host's URL and password."""
+    from tasks.app import broker_url
+    from tasks.broker import broker_address, check_broker
+
+    url = broker_url(broker)
+    check_broker(url)  # FleetError: "refused the password" or "unreachable", one line, exit 2
+    click.echo(f"broker at {broker_address(url)}: answers")
+
+
 def _text(line: Check) -> str:
     """One line of the report, and its fix on the next when it failed."""
     head = f"{'ok' if line.ok else 'FAIL':<5} {line.name:<{NAME_WIDTH}} {line.detail}"
@@ -48,5 +63,6 @@ def _text(line: Check) -> str:
 
 
 def register(host_group: click.Group, hosts_group: click.Group) -> None:
-    """Attach ``check`` to the ``host`` group (nothing under ``hosts``)."""
+    """Attach ``check`` and ``check-broker`` to the ``host`` group (nothing under ``hosts``)."""
     host_group.add_command(check)
+    host_group.add_command(check_broker_cmd)
