@@ -44,7 +44,7 @@ LAUNCHER_LEAF = "launcher"
 SUPERVISOR_LEAF = "supervisor"
 ENVS_DIR = "envs"
 DELEGATE_XATTRS = ("trusted.delegate", "user.delegate")  # set by systemd >= 251 on Delegate=yes
-DELEGATED_ENV = "SANDBENCH_CGROUP_DELEGATED"  # "1": older systemd; the unit file sets it
+DELEGATED_ENV = "SANDBENCH_CGROUP_DELEGATED"  # "1": systemd < 251 (a drop-in of the unit sets it)
 MOVE_ROUNDS = 50  # a service forking while we move it: retry this often
 LIMIT_FILES = ("cpu.max", "cpuset.cpus", "cpuset.cpus.effective", "memory.max", "memory.swap.max")
 
