@@ -38,6 +38,7 @@ from tasks.errors import SandbenchError
 from worker.vm import guest, initramfs, kernel, qemu
 
 REPO = Path(__file__).resolve().parents[1]
+GUEST_OWN_DIRS = (Path("/tmp"), Path("/var/tmp"))  # each guest's own (lab_init.sh), not this root's
 INIT_SCRIPT = Path(__file__).with_name("lab_init.sh")
 DEFAULT_DIR = Path("/var/lib/sandbench-lab")
 SUBNET = "10.77.0"
@@ -273,6 +274,12 @@ def up(directory: Path, count: int, memory_mib: int, offsets: dict[str, int]) ->
                        "openssh-server (ops/setup.sh)")  # fmt: skip
     if (directory / STATE_FILE).exists():
         raise LabError(f"a lab already exists in {directory}: ops/lab.sh down --dir {directory}")
+    hidden = [d for d in GUEST_OWN_DIRS if d == REPO or d in REPO.parents]
+    if hidden:
+        own = " and ".join(map(str, GUEST_OWN_DIRS))
+        raise LabError(f"the repository is at {REPO}, under {hidden[0]}: the lab hosts see this "
+                       f"machine's root except {own} (each has its own), so they would not find "
+                       "ops/install.sh; clone it elsewhere")  # fmt: skip
     names = host_names(count)
     unknown = sorted(set(offsets) - set(names))
     if unknown:
