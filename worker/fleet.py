@@ -246,7 +246,7 @@ def clock_against_broker(client: redis.Redis) -> dict[str, float]:
 
 
 def provenance_envelope(
-    spec: EnvironmentSpec, host: HostState, clock: dict[str, float] | None = None
+    spec: EnvironmentSpec, host: HostState, clock: dict[str, float]
 ) -> dict[str, Any]:
     """This host's provenance for ``spec``'s campaign, signed with the host key."""
     from worker.provenance import collect
@@ -254,8 +254,7 @@ def provenance_envelope(
     facts = collect(host.name, host.work_root, campaign=spec.campaign, seed=spec.seed,
                     cohort=spec.cohort, quota=spec.quota.model_dump(mode="json"),
                     modes=host.mode_verdicts(spec.campaign))  # fmt: skip
-    if clock is not None:
-        facts["clock_vs_broker"] = clock
+    facts["clock_vs_broker"] = clock
     body = {"campaign": spec.campaign, "host": host.name, "facts": facts}
     return {**body, "key_id": host.key.key_id, "ed25519": host.key.sign(canonical_json(body))}
 
