@@ -166,7 +166,7 @@ def main() -> None:
         target = TARGET_S.get(size)
         verdict = "-" if target is None else ("meets" if wall <= target else "MISSES")
         print(f"{count:>12,} {per_cell:>6} {load:>7.2f} {analysis:>10.2f} {report:>8.2f} "
-              f"{wall:>9.2f} {cpu:>6.2f} {target if target else '-':>8}  {verdict}",
+              f"{wall:>9.2f} {cpu:>6.2f} {target or '-':>8}  {verdict}",
               flush=True)  # fmt: skip
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 

@@ -43,18 +43,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.records import EnvironmentSpec, Quota  # noqa: E402  (after the sys.path line)
-from worker import quota as cgroups  # noqa: E402
-from worker.channel import Channel  # noqa: E402
-from worker.modes import HostInfo, get_mode  # noqa: E402
-from worker.modes.base import PAYLOAD_PYTHON  # noqa: E402
-from worker.modes.native import python_version  # noqa: E402
-from worker.procs import kill_process, owned_process, spawn_marked  # noqa: E402
-from worker.runner import preflight_of, run_environment  # noqa: E402
-from worker.workroot import syncfs  # noqa: E402
-from workloads.drive import payload_argv  # noqa: E402
-from workloads.fixtures import copy_fixture, ensure_fixture  # noqa: E402
-from workloads.registry import WORKLOADS, resolve  # noqa: E402
+from tasks.records import EnvironmentSpec, Quota
+from worker import quota as cgroups
+from worker.channel import Channel
+from worker.modes import HostInfo, get_mode
+from worker.modes.base import PAYLOAD_PYTHON
+from worker.modes.native import python_version
+from worker.procs import kill_process, owned_process, spawn_marked
+from worker.runner import preflight_of, run_environment
+from worker.workroot import syncfs
+from workloads.drive import payload_argv
+from workloads.fixtures import copy_fixture, ensure_fixture
+from workloads.registry import WORKLOADS, resolve
 
 SEED = 1
 QUOTA = Quota()  # the design's quota, for the runner and the bare driver alike

@@ -105,7 +105,7 @@ def finalize_child(root: str) -> None:
     """In a fresh process: finalize the host; print seconds and memory as JSON."""
     import redis
 
-    import coordinator.results.report  # noqa: F401  # imported before the base is taken (pandas)
+    import coordinator.results.report  # imported before the base is taken (pandas)
     from coordinator.fleet.coordinator import Coordinator
     from tasks.app import create_app
 
@@ -128,7 +128,9 @@ def run_child(root: Path, broker: str) -> dict[str, Any]:
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from benchmarks.fleet_finalize "
             f"import finalize_child; finalize_child({str(root)!r})")  # fmt: skip
     env = {**os.environ, "BENCH_BROKER": broker, "SANDBENCH_HOME": str(root)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, check=False, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -174,7 +176,7 @@ def verify(root: Path) -> str:
     """``sandbench verify`` of the finalized campaign: its verdict line."""
     env = {**os.environ, "SANDBENCH_HOME": str(root)}
     argv = [sys.executable, "-m", "coordinator", "verify", CAMPAIGN, "--data", str(root / "data")]
-    out = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run(argv, env=env, cwd=REPO, check=False, capture_output=True, text=True)
     lines = (out.stdout + out.stderr).strip().splitlines()
     return lines[-1] if lines else f"exit {out.returncode}"
 

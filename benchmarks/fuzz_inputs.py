@@ -80,7 +80,7 @@ class Tally:
 
 def warm() -> None:
     """Import every module of the command line (and what it imports) before any fork."""
-    import coordinator  # noqa: PLC0415 - imported here so that only --fork pays for it
+    import coordinator  # imported here so that only --fork pays for it
 
     for info in pkgutil.walk_packages(coordinator.__path__, "coordinator."):
         if not info.name.endswith(".__main__"):  # that one runs the command line
@@ -89,7 +89,7 @@ def warm() -> None:
 
 def forked(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``sandbench ARGS`` in a forked child with ``home`` as SANDBENCH_HOME (see --fork)."""
-    from coordinator.cli import main  # noqa: PLC0415 - imported by warm() before the first fork
+    from coordinator.cli import main  # imported by warm() before the first fork
 
     with tempfile.TemporaryDirectory() as scratch:
         out_path, err_path = Path(scratch, "out"), Path(scratch, "err")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workloads.drive import native_environment  # noqa: E402  (after the sys.path line)
-from workloads.registry import resolve  # noqa: E402
+from workloads.drive import native_environment
+from workloads.registry import resolve
 
 ROUNDS = 3
 WORK_DIR = Path("/var/tmp")  # a real disk, like the runner's work root

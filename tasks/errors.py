@@ -55,3 +55,23 @@ class SpecRefused(SandbenchError):
     def __init__(self, message: str, reason: str = "refused") -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class CompareRefused(SandbenchError):
+    """Two result sets the study's rules keep apart, or a side that does not exist."""
+
+
+class QuotaError(SandbenchError):
+    """The cgroup of an environment cannot be created, limited or removed."""
+
+
+class V2HostError(SandbenchError):
+    """The cgroup v2 host cannot be started (no prepared guest, no QEMU, bad arguments)."""
+
+
+class HostCheckFailed(SandbenchError):
+    """A check this command depends on failed; the message names each check and its fix."""
+
+
+class LabError(SandbenchError):
+    """The lab cannot be made, reached or removed (the message says what to do)."""

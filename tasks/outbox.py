@@ -18,7 +18,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import msgspec
 from celery import Celery
@@ -93,12 +93,12 @@ class Outbox:
     def event(self, kind: str, fields: dict[str, Any]) -> None:
         """Build a task event (``task-received``, ...) as Celery's dispatcher publishes it; it
         goes out with the next flush."""
-        event = self._events._prepare_event(kind, fields)  # clock, hostname, pid
+        event = self._events._prepare_event(kind, fields)  # noqa: SLF001 -- as Celery's own
         exchange, routing_key = self._events.exchange.name, kind.replace("-", ".")
         payload = self._envelope(
             event, self._events.headers, {}, self._events.delivery_mode, exchange, routing_key
         )
-        for topic in self.channel._get_publish_topics(exchange, routing_key):
+        for topic in self.channel._get_publish_topics(exchange, routing_key):  # noqa: SLF001
             self._published.append((topic, payload))
 
     def _envelope(
@@ -119,7 +119,7 @@ class Outbox:
         message = self.channel.prepare_message(
             _encode(body), PRIORITY, CONTENT_TYPE, CONTENT_ENCODING, headers, properties
         )
-        self.channel._inplace_augment_message(message, exchange, routing_key)
+        self.channel._inplace_augment_message(message, exchange, routing_key)  # noqa: SLF001
         return _encode(message).decode()
 
     def _bind(self, pipe: Any, queue: str) -> None:
@@ -159,7 +159,7 @@ class Outbox:
         self._client.close()
         self._connection.release()
 
-    def __enter__(self) -> Outbox:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

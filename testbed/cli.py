@@ -8,12 +8,12 @@ import os
 import sys
 from pathlib import Path
 
+from tasks.errors import LabError
 from testbed import lab as lab_module
 from testbed.lab import (
     DEFAULT_DIR,
     DEFAULT_MEMORY_MIB,
     Lab,
-    LabError,
     build_wheels,
     down,
     kill,
@@ -96,7 +96,8 @@ def _command(ns: argparse.Namespace) -> int:
     elif ns.command == "ssh":
         lab = Lab.load(ns.dir)
         line = " ".join(ns.line) if ns.line else None  # as ssh joins its words
-        os.execvp("ip", lab.ssh_argv(ns.name, line, tty=line is None and sys.stdin.isatty()))
+        argv = lab.ssh_argv(ns.name, line, tty=line is None and sys.stdin.isatty())
+        os.execvp("ip", argv)  # noqa: S606 -- the lab's ssh replaces this process
     elif ns.command == "kill":
         kill(Lab.load(ns.dir), ns.name)
     elif ns.command == "start":

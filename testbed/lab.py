@@ -21,7 +21,7 @@ wheelhouse for an offline install goes there (``ops/lab.sh wheels``).
 
 from __future__ import annotations
 
-import datetime
+import datetime as dt
 import hashlib
 import json
 import os
@@ -34,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tasks.errors import SandbenchError
+from tasks.errors import LabError
 from worker.vm import guest, initramfs, kernel, qemu
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,10 +54,6 @@ BOOT_TIMEOUT_S = 600.0  # a first boot under TCG on a busy 2-core machine
 SSH_CONNECT_S = 10
 KILL_WAIT_S = 10.0
 POLL_S = 1.0
-
-
-class LabError(SandbenchError):
-    """The lab cannot be made, reached or removed (the message says what to do)."""
 
 
 @dataclass
@@ -325,7 +321,7 @@ def qemu_argv(lab: Lab, host: LabHost, vmlinuz: Path) -> list[str]:
         "-daemonize", "-pidfile", str(hdir / "qemu.pid"),
     ]  # fmt: skip
     if host.clock_offset_s:
-        now = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=host.clock_offset_s)
+        now = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=host.clock_offset_s)
         argv += ["-rtc", f"base={now.strftime('%Y-%m-%dT%H:%M:%S')}"]
     return lab.in_netns(argv)
 

@@ -16,7 +16,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from testbed.lab import REPO, Lab, LabError
+from tasks.errors import LabError
+from testbed.lab import REPO, Lab
 
 INSTALL = f"{REPO}/ops/install.sh"
 WHEELS = "/media/lab/wheels"  # the lab share, as a USB stick with the wheelhouse would be

@@ -37,7 +37,7 @@ def work_root(tmp_path: Path) -> Iterator[Path]:
     """A private work root for environments of one test."""
     root = tmp_path / "work"
     root.mkdir()
-    yield root
+    return root
 
 
 @pytest.fixture(scope="session")

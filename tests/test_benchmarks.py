@@ -45,11 +45,11 @@ def test_fidelity_prints_its_figures() -> None:
     out = done.stdout
     assert "load average at start" in out and "load average at end" in out
     figures = r"\s+[\d.]+\s+[\d.]+\s+(?P<ratio>[\d.]+)\s+(?P<low>[\d.]+)-(?P<high>[\d.]+)$"
-    publish = re.search(r"^publish\s+workflow" + figures, out, flags=re.M)
+    publish = re.search(r"^publish\s+workflow" + figures, out, flags=re.MULTILINE)
     assert publish, out
     low, ratio, high = (float(publish[name]) for name in ("low", "ratio", "high"))
     assert low <= ratio <= high, out  # the interval holds the figure it qualifies
-    assert re.search(r"^native\s+(-?[\d.]+\s+){5}", out + " ", flags=re.M), out
+    assert re.search(r"^native\s+(-?[\d.]+\s+){5}", out + " ", flags=re.MULTILINE), out
     assert "mechanisms: median of 1 ratios" in out and "native: median Ready - spawn" in out
 
 
@@ -73,8 +73,8 @@ def test_fleet_soak_smoke_meets_its_targets() -> None:
         "--hold-s", "1", "--bound-s", "300",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r"^lost\s+0\s+0$", done.stdout, flags=re.M), done.stdout
-    assert re.search(r"^leftover mounts\s+0\s+0$", done.stdout, flags=re.M), done.stdout
+    assert re.search(r"^lost\s+0\s+0$", done.stdout, flags=re.MULTILINE), done.stdout
+    assert re.search(r"^leftover mounts\s+0\s+0$", done.stdout, flags=re.MULTILINE), done.stdout
     faults = r"faults: 1 worker kill -9 .*1 redis restart, 1 coordinator restart"
     assert re.search(faults, done.stdout), done.stdout
 

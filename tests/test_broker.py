@@ -175,7 +175,7 @@ def _install(root: Path, *args: str) -> None:
 def _unit_argv(unit: str, paths: dict[str, str]) -> list[str]:
     """The ExecStart of an ops/systemd unit, with this machine's paths for the lab host's."""
     text = (REPO / "ops" / "systemd" / unit).read_text()
-    line = re.search(r"^ExecStart=(.*)$", text, flags=re.M)
+    line = re.search(r"^ExecStart=(.*)$", text, flags=re.MULTILINE)
     assert line is not None
     command = line.group(1)
     for lab, here in paths.items():

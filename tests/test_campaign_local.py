@@ -159,8 +159,8 @@ def test_verify_passes_then_names_a_changed_record(lab: Lab) -> None:
     assert "UNVERIFIED" in (lab.data / cid / "report.md").read_text()
     broken = original.replace(b'"outcome":"passed"', b'"outcome":"passeD"', 1)
     path.write_bytes(broken)
-    first = json.loads(original.decode().splitlines()[[i for i, line in enumerate(
-        original.decode().splitlines()) if '"outcome":"passed"' in line][0]])  # fmt: skip
+    first = json.loads(original.decode().splitlines()[next(i for i, line in enumerate(
+        original.decode().splitlines()) if '"outcome":"passed"' in line)])  # fmt: skip
     out = lab.sandbench("verify", cid, *reg, check=1)
     assert (
         f"/{first['mode']}/{first['workload']}/{first['env_index']}/1: hosts/lab-test/records.jsonl"
@@ -176,7 +176,7 @@ def test_sigint_mid_environment_then_resume_records_each_once(lab: Lab) -> None:
     records = None
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        cids = [p for p in lab.data.iterdir()] if lab.data.exists() else []
+        cids = list(lab.data.iterdir()) if lab.data.exists() else []
         records = cids[0] / "hosts" / "lab-test" / "records.jsonl" if cids else None
         if records is not None and records.exists() and records.read_text().count("\n") >= 1:
             break

@@ -57,7 +57,7 @@ def readme_example() -> tuple[str, str]:
     """The example workload module of the README's "Adding a workload": (file name, code)."""
     section = (REPO / "README.md").read_text().split("## Adding a workload", 1)[1]
     name = re.search(r"such as `workloads/(\w+\.py)`", section)
-    code = re.search(r"```python\n(.*?)```", section, flags=re.S)
+    code = re.search(r"```python\n(.*?)```", section, flags=re.DOTALL)
     assert name and code, "the README's Adding a workload section lost its example"
     return name.group(1), code.group(1)
 

@@ -286,9 +286,9 @@ def test_readme_shows_the_compose_steps_this_test_runs() -> None:
              "ops/base-image.sh", "SANDBENCH_BASE_IMAGE=sandbench-base:bookworm",
              "docker-compose up --build -d",
              "docker-compose exec -T coordinator sh -c 'cat > /tmp/plan.toml' < plan.toml",
-             f"docker-compose exec -T coordinator sandbench dispatch /tmp/plan.toml --hosts "
-             f"{','.join(HOSTS)} --data {DATA}",
-             f"docker cp \"$(docker-compose ps -q coordinator)\":{DATA}/<id> .",
+             (f"docker-compose exec -T coordinator sandbench dispatch /tmp/plan.toml --hosts "
+             f"{','.join(HOSTS)} --data {DATA}"),
+             f'docker cp "$(docker-compose ps -q coordinator)":{DATA}/<id> .',
              "docker-compose down -v"]  # fmt: skip
     assert [s for s in steps if s not in block] == []
     assert Dockerd(Path("/var/lib/sandbench/docker")).host_url in block

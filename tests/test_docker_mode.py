@@ -52,10 +52,18 @@ def dockerd() -> Iterator[Dockerd]:
 
 def spec_for(workload: str, work_root: Path, **overrides: object) -> EnvironmentSpec:
     """A docker-mode environment of ``workload`` at the test scale."""
-    fields: dict[str, object] = dict(
-        campaign="t-docker", host="local", mode="docker", workload=workload, env_index=0,
-        seed=7, scale=SCALE, rounds=3, limit_s=90.0, work_root=str(work_root),
-    )  # fmt: skip
+    fields: dict[str, object] = {
+        "campaign": "t-docker",
+        "host": "local",
+        "mode": "docker",
+        "workload": workload,
+        "env_index": 0,
+        "seed": 7,
+        "scale": SCALE,
+        "rounds": 3,
+        "limit_s": 90.0,
+        "work_root": str(work_root),
+    }
     fields.update(overrides)
     return EnvironmentSpec(**fields)  # type: ignore[arg-type]
 

@@ -86,7 +86,7 @@ def test_daemon_that_cannot_start_reports_its_log(state_dir: Path) -> None:
     broken.write_text("#!/bin/sh\necho 'failed to start daemon: no space' >&2\nexit 1\n")
     broken.chmod(0o755)
     daemon = Dockerd(state_dir=state_dir / "state", dockerd=str(broken))
-    with pytest.raises(DockerdError, match="exited while starting.*no space"):
+    with pytest.raises(DockerdError, match=r"exited while starting.*no space"):
         daemon.start(timeout=10)
 
 

@@ -55,7 +55,7 @@ FAULTS = {
         "validation-failed",
         "round 1",
         workload="read-large",
-    ),  # fmt: skip
+    ),
     "nonzero-exit-after-the-rounds": Fault("{payload_argv}; exit 3", "nonzero-exit", "status 3"),
     "exit-before-ready": Fault(["/bin/true"], "no-ready", "ended"),
     "banner-before-ready": Fault(
@@ -69,14 +69,14 @@ FAULTS = {
         "timeout",
         "limit of 2 s reached in round 1",
         limit_s=2.0,
-    ),  # fmt: skip
+    ),
     "oom": Fault(
         "exec {payload_argv}",
         "oom",
         "OOM",
         workload="incremental-build",
         fields={"scale": 0.1, "quota": Quota(memory_bytes=12 << 20)},
-    ),  # fmt: skip
+    ),
     "leftover-child": Fault(f"(sleep {MARK}3 &); exec {{payload_argv}}", None, limit_s=60.0),
     "launcher-not-found": Fault(
         ["/nonexistent/sandbench-runtime", "{payload_argv}"], "launcher-error", "/nonexistent"
@@ -86,7 +86,7 @@ FAULTS = {
         "workspace-modified",
         "oops",
         options=STAGED_COPY,
-    ),  # fmt: skip
+    ),
     "killed-by-a-signal-mid-round": Fault(
         KILLING_GIT, "round-error", "round 1", workload="repo-inspect"
     ),

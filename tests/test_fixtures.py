@@ -29,7 +29,7 @@ def build(name: str, seed: int, scale: float, dest: Path) -> tuple[str, set[str]
 def check_determinism(name: str, scale: float, tmp_path: Path) -> None:
     """Same seed: same digest; other seed: same paths and, for seeded fixtures, other content."""
     digest_a, paths_a = build(name, 1, scale, tmp_path / "a")
-    digest_b, paths_b = build(name, 1, scale, tmp_path / "b")
+    digest_b, _paths_b = build(name, 1, scale, tmp_path / "b")
     digest_c, paths_c = build(name, 2, scale, tmp_path / "c")
     assert digest_a == digest_b
     assert paths_a == paths_c

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 from typing import Any
 
 import pytest
@@ -45,7 +46,7 @@ def test_two_hosts_in_namespaces_run_each_environment_once_in_order(make_fleet: 
         records = assert_each_once(fleet, campaign, name)
         records.sort(key=lambda r: r.fleet["runner_start"])
         assert [r.order_index for r in records] == sorted(r.order_index for r in records)
-        for before, after in zip(records, records[1:], strict=False):
+        for before, after in itertools.pairwise(records):
             assert before.fleet["runner_end"] <= after.fleet["runner_start"], "overlap on a host"
         assert all(r.outcome == "passed" for r in records), [r.reason for r in records]
         with open(Store(fleet.data).host_dir(campaign, name) / "results.csv") as f:

@@ -62,7 +62,7 @@ def _running(fleet: Any) -> list[str]:
     """Keys of environments whose worker is beating right now."""
     client = fleet.redis.client()
     try:
-        return [k for k in client.scan_iter("sandbench:alive:*")]
+        return list(client.scan_iter("sandbench:alive:*"))
     finally:
         client.close()
 
@@ -333,7 +333,7 @@ def _copy_queued(fleet: Any, needle: str, queue: str | None = None) -> str:
     onto its queue (``queue``, else whichever queue holds it); that queue's name."""
     client = fleet.redis.client()
     try:
-        queues = [queue] if queue else [q for q in client.scan_iter(_type="list")]
+        queues = [queue] if queue else list(client.scan_iter(_type="list"))
         found = [(q, m) for q in queues for m in client.lrange(q, 0, -1) if _carries(m, needle)]
         ((where, message),) = found
         client.lpush(where, message)

@@ -23,10 +23,17 @@ COORDINATOR = CoordinatorKey.generate()
 
 
 def _spec(work_root: Path, **fields: object) -> EnvironmentSpec:
-    values: dict[str, object] = dict(
-        campaign="c-20261201-9a7e", host=HOST, mode="native", workload="publish", env_index=0,
-        scale=0.02, rounds=1, limit_s=30, work_root=str(work_root / "planned"),
-    )  # fmt: skip
+    values: dict[str, object] = {
+        "campaign": "c-20261201-9a7e",
+        "host": HOST,
+        "mode": "native",
+        "workload": "publish",
+        "env_index": 0,
+        "scale": 0.02,
+        "rounds": 1,
+        "limit_s": 30,
+        "work_root": str(work_root / "planned"),
+    }
     values.update(fields)
     return sign_spec(EnvironmentSpec.model_validate(values), COORDINATOR)
 

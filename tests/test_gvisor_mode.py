@@ -36,6 +36,8 @@ from workloads.catalog import DECLARED
 SCALE = 0.02
 GIB = 1 << 30
 MEASURE_S = 4.0
+
+
 def require_runsc() -> str:
     """runsc on PATH (ops/setup.sh installs it), or a reasoned skip (a failure in CI)."""
     return require_binary("runsc")
@@ -43,10 +45,18 @@ def require_runsc() -> str:
 
 def spec_for(workload: str, work_root: Path, **fields: object) -> EnvironmentSpec:
     """A gvisor-mode environment of ``workload`` at the test scale."""
-    values: dict[str, object] = dict(
-        campaign="t-gvisor", host="local", mode="gvisor", workload=workload, env_index=0,
-        seed=7, scale=SCALE, rounds=3, limit_s=90.0, work_root=str(work_root),
-    )  # fmt: skip
+    values: dict[str, object] = {
+        "campaign": "t-gvisor",
+        "host": "local",
+        "mode": "gvisor",
+        "workload": workload,
+        "env_index": 0,
+        "seed": 7,
+        "scale": SCALE,
+        "rounds": 3,
+        "limit_s": 90.0,
+        "work_root": str(work_root),
+    }
     values.update(fields)
     return EnvironmentSpec(**values)  # type: ignore[arg-type]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.errors import HostCheckFailed
 from tasks.records import Quota
 from tests.conftest import REPO, require
 from worker import hostcheck, hostcheck_tools
@@ -91,7 +92,7 @@ def test_a_quota_this_host_cannot_apply_names_its_fix() -> None:
     assert not lines["quota-memory"].ok and "smaller quota.memory" in lines["quota-memory"].fix
     assert not lines["quota-applies"].ok and "cpuset.cpus" in lines["quota-applies"].detail
     assert lines["controllers"].ok and lines["cgroup-version"].ok
-    with pytest.raises(hostcheck.HostCheckFailed, match="quota-cpus: .*fix: give the plan"):
+    with pytest.raises(HostCheckFailed, match=r"quota-cpus: .*fix: give the plan"):
         hostcheck.require_quota(quota)
     assert hostcheck.require_quota(Quota())  # the default quota applies here
 

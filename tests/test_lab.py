@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.errors import LabError
 from testbed import lab as labmod
 from testbed.provision import ADD_LINE, INSTALL, WHEELS, Fleet, provision
 from tests.conftest import require, require_binary
@@ -249,6 +250,6 @@ def test_a_bad_set_up_gets_one_clear_line(lab: tuple[labmod.Lab, Fleet]) -> None
 
 def test_lab_sh_refuses_a_second_lab_in_the_same_directory(lab: tuple[labmod.Lab, Fleet]) -> None:
     made, _ = lab
-    with pytest.raises(labmod.LabError, match="a lab already exists"):
+    with pytest.raises(LabError, match="a lab already exists"):
         labmod.up(made.dir, 1, labmod.DEFAULT_MEMORY_MIB, {})
     assert Path(made.dir / labmod.STATE_FILE).exists()

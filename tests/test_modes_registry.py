@@ -6,6 +6,8 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from coordinator.plan.file import SMOKE_VM_WORKLOADS, preset
 from worker.modes import BUILTIN_MODES, REGISTRY, Mode, get_mode, tool_commands
 from worker.modes.base import EnvContext, HostInfo, Preflight
@@ -49,12 +51,8 @@ def test_a_mode_needs_only_a_name_a_preflight_and_a_launcher(tmp_path: Path) -> 
     assert (mode.oom_killed(env), mode.failure_context(env), mode.staged) == (False, "", False)
     assert mode.cgroup_overhead_bytes == 0
     mode.cleanup(env)
-    try:
+    with pytest.raises(TypeError, match="launcher"):  # a mode without one is not instantiable
         type("NoLauncher", (Mode,), {"name": "x", "preflight": Minimal.preflight})()
-    except TypeError as exc:
-        assert "launcher" in str(exc)
-    else:
-        raise AssertionError("a mode without a launcher must not be instantiable")
 
 
 def test_the_sandbox_mode_keeps_the_name_users_see() -> None:

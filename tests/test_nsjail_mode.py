@@ -51,10 +51,18 @@ def require_nsjail() -> Path:
 
 def spec_for(workload: str, work_root: Path, **fields: object) -> EnvironmentSpec:
     """An nsjail-mode environment of ``workload`` at the test scale."""
-    values: dict[str, object] = dict(
-        campaign="t-nsjail", host="local", mode="nsjail", workload=workload, env_index=0,
-        seed=7, scale=SCALE, rounds=3, limit_s=90.0, work_root=str(work_root),
-    )  # fmt: skip
+    values: dict[str, object] = {
+        "campaign": "t-nsjail",
+        "host": "local",
+        "mode": "nsjail",
+        "workload": workload,
+        "env_index": 0,
+        "seed": 7,
+        "scale": SCALE,
+        "rounds": 3,
+        "limit_s": 90.0,
+        "work_root": str(work_root),
+    }
     values.update(fields)
     return EnvironmentSpec(**values)  # type: ignore[arg-type]
 

@@ -74,8 +74,8 @@ def test_plan_is_validated_and_normalized() -> None:
         ('modes = ["native"]\nenvironments = 100000000',
          "environments = 100000000: Input should be less than or equal to 1000"),
         ('modes = ["native", "host", "staged"]\nenvironments = 1000',
-         "expands to 57,000 environments per host (57 cells x 1000 environments); at most "
-         "50,000"),
+         ("expands to 57,000 environments per host (57 cells x 1000 environments); at most "
+         "50,000")),
         ('modes = ["native"]\n[quota]\ncpus = "banana"',
          "quota.cpus: 'banana' is not a CPU list; write e.g. \"0,1\" or \"0-3\""),
         ('modes = ["native"]\n[quota]\ncpus = "3-1"', "'3-1' is not a CPU range"),
@@ -151,8 +151,7 @@ def test_presets_expand_as_documented() -> None:
     n = len(BUILTIN_MODES)
     assert len(full.cells()) * full.environments == 19 * n * 3 and full.scale == 1.0
     assert describe(full)[-1] == (
-        f"expansion per host: 19 workloads x {n} modes x 3 environments = {19 * n * 3} "
-        "environments"
+        f"expansion per host: 19 workloads x {n} modes x 3 environments = {19 * n * 3} environments"
     )
     assert new_campaign_id().startswith("c-") and len(new_campaign_id()) == len("c-20261129-ab12")
 

@@ -29,12 +29,16 @@ BAD_PLANS: dict[str, tuple[bytes, str]] = {
     # Issue 22: names unique and honest.
     "command-mode-named-native": (
         b'modes = [{ name = "native", template = ["/bin/true", "{payload_argv}"] }]\n',
-        "under the name of the built-in mode 'native' (its records would pass for that mode's); "
-        "rename it: did you mean 'true'?",
+        (
+            "under the name of the built-in mode 'native' (its records would pass for that "
+            "mode's); rename it: did you mean 'true'?"
+        ),
     ),
     "command-mode-twice": (
-        b'modes = [{ name = "rt", template = ["/bin/true", "{payload_argv}"] },\n'
-        b'         { name = "rt", template = ["/bin/env", "{payload_argv}"] }]\n',
+        (
+            b'modes = [{ name = "rt", template = ["/bin/true", "{payload_argv}"] },\n'
+            b'         { name = "rt", template = ["/bin/env", "{payload_argv}"] }]\n'
+        ),
         "modes[1] 'rt' appears twice (first as modes[0]); rename it: did you mean 'env'?",
     ),
     # Issue 22: strict values, with bounds.
@@ -62,8 +66,10 @@ BAD_PLANS: dict[str, tuple[bytes, str]] = {
     ),
     "clamped-cpu-quota": (
         b'modes = ["native"]\n[quota]\ncpu_quota = 1e-9\n',
-        "quota: cpu_quota 1e-09 is below 0.01 core, the least the cgroup enforces (1000 us per "
-        '100000 us period: a smaller quota is raised to it); give 0.01 to 2 for cpus "0,1"',
+        (
+            "quota: cpu_quota 1e-09 is below 0.01 core, the least the cgroup enforces (1000 us per "
+            '100000 us period: a smaller quota is raised to it); give 0.01 to 2 for cpus "0,1"'
+        ),
     ),
     "float-memory": (b'modes = ["native"]\n[quota]\nmemory = 2.5\n', "memory = 2.5: not a size"),
     "list-memory": (b'modes = ["native"]\n[quota]\nmemory = [2]\n', "a list is not a size"),

@@ -56,10 +56,18 @@ def store() -> Iterator[Podman]:
 
 def spec_for(workload: str, work_root: Path, **overrides: object) -> EnvironmentSpec:
     """A podman-mode environment of ``workload`` at the test scale."""
-    fields: dict[str, object] = dict(
-        campaign="t-podman", host="local", mode="podman", workload=workload, env_index=0,
-        seed=7, scale=SCALE, rounds=3, limit_s=90.0, work_root=str(work_root),
-    )  # fmt: skip
+    fields: dict[str, object] = {
+        "campaign": "t-podman",
+        "host": "local",
+        "mode": "podman",
+        "workload": workload,
+        "env_index": 0,
+        "seed": 7,
+        "scale": SCALE,
+        "rounds": 3,
+        "limit_s": 90.0,
+        "work_root": str(work_root),
+    }
     fields.update(overrides)
     return EnvironmentSpec(**fields)  # type: ignore[arg-type]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tasks.errors import QuotaError
 from tasks.records import Quota
 from worker import quota
 from worker.cgroupsv1 import CgroupV1
@@ -173,7 +174,7 @@ def test_v2_on_the_unified_mount() -> None:
     group = CgroupV2(f"/{quota.PARENT_NAME}/{quota.cgroup_name('test-v2')}", root=UNIFIED)
     if not {"cpu", "memory"} - set((UNIFIED / "cgroup.controllers").read_text().split()):
         pytest.skip("controllers are enabled on the unified mount; the limits test covers it")
-    with pytest.raises(quota.QuotaError, match="lacks the"):
+    with pytest.raises(QuotaError, match="lacks the"):
         group.create(Quota())
     group.create(None)
     try:

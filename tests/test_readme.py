@@ -22,7 +22,7 @@ def readme_commands() -> list[list[str]]:
     """The ``.venv/bin/sandbench`` command lines of the README's ``sh`` blocks, as argv."""
     text = (REPO / "README.md").read_text()
     commands = []
-    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
+    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.DOTALL):
         for line in block.replace("\\\n", " ").splitlines():
             argv = shlex.split(line, comments=True)
             if argv[:1] == [".venv/bin/sandbench"] and argv[1] in RUNNABLE:

@@ -222,7 +222,7 @@ def test_plan_notes_are_one_line_of_plain_text_in_the_report(tmp_path: Path) -> 
     assert f"<li>note: {html.escape(folded, quote=False)}</li>" in rendered
     assert "<li>note: two spaces and a tab</li>" in rendered
     assert "Injected heading</h1>" not in rendered and "<b>bold" not in rendered
-    assert not re.search(r"^#+ Injected", md, flags=re.M)
+    assert not re.search(r"^#+ Injected", md, flags=re.MULTILINE)
     page = (tmp_path / "data" / cid / "report.html").read_text()
     assert f"<li>note: {html.escape(folded)}</li>" in page
 

@@ -24,8 +24,8 @@ SANDBENCH = [sys.executable, "-m", "coordinator"]
 
 def readme_runtime_plan() -> str:
     """The README's plan of other runtimes: its one ``toml`` block that names modes."""
-    blocks = re.findall(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
-    plans = [b for b in blocks if re.search(r"^\[\[modes\]\]", b, flags=re.M)]
+    blocks = re.findall(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), flags=re.DOTALL)
+    plans = [b for b in blocks if re.search(r"^\[\[modes\]\]", b, flags=re.MULTILINE)]
     assert len(plans) == 1, "the README has exactly one toml plan with modes: the runtimes plan"
     return plans[0]
 
@@ -103,7 +103,7 @@ def test_bad_template_is_one_error_line(tmp_path: Path, case: str) -> None:
 
 @pytest.mark.parametrize(
     "template",
-    ['echo ${HOME} && exec {payload_argv}', 'sh -c "{ true; }" && {payload_argv}',
+    ["echo ${HOME} && exec {payload_argv}", 'sh -c "{ true; }" && {payload_argv}',
      ["awk", "{ print }", "{payload}"]],
 )  # fmt: skip
 def test_shell_braces_are_not_placeholders(template: str | list[str]) -> None:

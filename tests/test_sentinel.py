@@ -85,7 +85,9 @@ def test_the_plan_turns_it_off_or_sets_k(setting: str, points: int) -> None:
 def test_the_readmes_sentinel_settings_do_what_it_says() -> None:
     """The README's two sentinel blocks: the first plans no point, the second one every 50."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```toml\n(.*?)```", readme, flags=re.S) if "sentinel" in b]
+    blocks = [
+        b for b in re.findall(r"```toml\n(.*?)```", readme, flags=re.DOTALL) if "sentinel" in b
+    ]
     assert len(blocks) == 2
     base = PLAN.format(limit=90, every=5).split("[sentinel]")[0]
     off, every_50 = (parse_plan(base.replace("environments = 3", "environments = 40") + b)
@@ -136,8 +138,10 @@ def test_embedded_run_records_and_signs_the_sentinel(embedded: tuple[Lab, str, s
     assert all(r.oracle and r.oracle.ok and len(r.rounds) == 3 for r in marks)
     assert all(r.wall_s and r.wall_s > sum(x.task_s for x in r.rounds) for r in marks)
     assert "records: verified" in stdout
-    line = (f"host lab-test, cohort default: sentinel: {4 * C} of {4 * C} calibration "
-            "environments (4 points), ")
+    line = (
+        f"host lab-test, cohort default: sentinel: {4 * C} of {4 * C} calibration "
+        "environments (4 points), "
+    )
     assert re.search(re.escape(line) + r"[\d.]+% of the environments' wall time \(", stdout)
     verify = lab.sandbench("verify", cid, "--data", str(lab.data), "--registry", str(lab.registry))
     assert f"({len(records)} records" in verify.stdout

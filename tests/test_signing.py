@@ -20,16 +20,16 @@ from tests.conftest import REPO
 
 
 def _record(host: str = "lab-a", **fields: object) -> EnvironmentRecord:
-    base: dict[str, object] = dict(
-        campaign="c-20261129-ab12",
-        host=host,
-        mode="native",
-        workload="publish",
-        env_index=0,
-        outcome="passed",
-        ready_ms=12.5,
-        rounds=[RoundRecord(k=1, task_s=0.25, validated=True)],
-    )
+    base: dict[str, object] = {
+        "campaign": "c-20261129-ab12",
+        "host": host,
+        "mode": "native",
+        "workload": "publish",
+        "env_index": 0,
+        "outcome": "passed",
+        "ready_ms": 12.5,
+        "rounds": [RoundRecord(k=1, task_s=0.25, validated=True)],
+    }
     base.update(fields)
     return EnvironmentRecord.model_validate(base)
 

@@ -270,8 +270,8 @@ def _edit_plan(cdir: Path, other: Path) -> list[tuple[str, str | None]]:
 def _replay(cdir: Path, other: Path) -> list[tuple[str, str | None]]:
     foreign = lines_of(other)[2]
     _edit_line(cdir, 2, lambda line: foreign)
-    return [(f"belongs to campaign '{other.name}', not '{cdir.name}' (a record replayed from "
-             "another campaign)", key_of(foreign))]  # fmt: skip
+    return [((f"belongs to campaign '{other.name}', not '{cdir.name}' (a record replayed from "
+             "another campaign)"), key_of(foreign))]  # fmt: skip
 
 
 def _replay_appended(cdir: Path, other: Path) -> list[tuple[str, str | None]]:

@@ -31,7 +31,9 @@ V2HOST = REPO / "ops" / "v2-host.sh"
 GROUPS = {"quota": "tests/v2guest_quota.py", "docker": "tests/v2guest_docker.py"}
 GROUP_TIMEOUT_S = 1200.0  # a hung guest is stopped by ops/v2-host.sh --timeout
 OUTPUT_TAIL = 6000
-README_COMMAND = re.compile(r"^ops/v2-host\.sh \.venv/bin/sandbench env run .*--json$", re.M)
+README_COMMAND = re.compile(
+    r"^ops/v2-host\.sh \.venv/bin/sandbench env run .*--json$", re.MULTILINE
+)
 
 
 @dataclass

@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import psutil
 import pytest
@@ -118,7 +118,7 @@ def test_vm_mode_passes_workload(
 class CheckedWriteback(VmWritebackMode):
     """vm-writeback whose sync compares the host's view with the model right after syncing."""
 
-    seen: dict[int, list[str]] = {}
+    seen: ClassVar[dict[int, list[str]]] = {}
 
     def sync(self, env: EnvContext, round: int) -> None:
         """The mode's sync, then the oracle on the host workspace for ``round`` rounds."""

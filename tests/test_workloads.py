@@ -69,7 +69,7 @@ def test_groups() -> None:
     assert {g: len(names) for g, names in GROUPS.items()} == {
         "mechanism": 12, "resource": 4, "workflow": 3,
     }  # fmt: skip
-    assert sum(GROUPS.values(), []) == list(WORKLOADS)
+    assert [w for group in GROUPS.values() for w in group] == list(WORKLOADS)
 
 
 def test_get_workload_suggests() -> None:

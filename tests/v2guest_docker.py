@@ -62,10 +62,15 @@ def dockerd() -> Iterator[Dockerd]:
 
 def spec(work_root: Path, **fields: object) -> EnvironmentSpec:
     """A docker-mode environment (publish at scale 0.02 unless overridden)."""
-    values: dict[str, object] = dict(
-        campaign="v2docker", host="v2host", mode="docker", workload="publish", env_index=0,
-        scale=0.02, work_root=str(work_root),
-    )  # fmt: skip
+    values: dict[str, object] = {
+        "campaign": "v2docker",
+        "host": "v2host",
+        "mode": "docker",
+        "workload": "publish",
+        "env_index": 0,
+        "scale": 0.02,
+        "work_root": str(work_root),
+    }
     values.update(fields)
     return EnvironmentSpec(**values)  # type: ignore[arg-type]
 

@@ -62,10 +62,15 @@ CHECK_QUOTA = (
 
 def spec(mode: str, work_root: Path, **fields: object) -> EnvironmentSpec:
     """An environment of ``mode`` (publish at scale 0.02 unless overridden)."""
-    values: dict[str, object] = dict(
-        campaign="v2", host="v2host", mode=mode, workload="publish", env_index=0, scale=0.02,
-        work_root=str(work_root),
-    )  # fmt: skip
+    values: dict[str, object] = {
+        "campaign": "v2",
+        "host": "v2host",
+        "mode": mode,
+        "workload": "publish",
+        "env_index": 0,
+        "scale": 0.02,
+        "work_root": str(work_root),
+    }
     values.update(fields)
     return EnvironmentSpec(**values)  # type: ignore[arg-type]
 

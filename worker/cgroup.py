@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
-from tasks.errors import SandbenchError
+from tasks.errors import QuotaError
 from tasks.names import NAME_CHARS
 from tasks.records import Quota
 
@@ -26,10 +26,6 @@ CFS_PERIOD_US = 100_000  # 100 ms, the kernel's default CFS period
 KILL_WAIT_S = 5.0  # how long a killed tree may take to disappear
 POLL_S = 0.01
 MAX_NAME = 200  # cgroup directory names are file names: keep them well below 255
-
-
-class QuotaError(SandbenchError):
-    """The cgroup of an environment cannot be created, limited or removed."""
 
 
 class Cgroup(ABC):
@@ -180,8 +176,8 @@ def detect() -> int:
 def cpu_list(cpus: str) -> list[int]:
     """CPU numbers of a cpuset list such as ``"0,1"`` or ``"0-3,6"``."""
     result: list[int] = []
-    for part in cpus.split(","):
-        part = part.strip()
+    for raw in cpus.split(","):
+        part = raw.strip()
         if not part:
             continue
         low, _, high = part.partition("-")

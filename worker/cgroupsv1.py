@@ -8,13 +8,13 @@ import signal
 import time
 from pathlib import Path
 
+from tasks.errors import QuotaError
 from tasks.records import Quota
 from worker.cgroup import (
     CFS_PERIOD_US,
     KILL_WAIT_S,
     POLL_S,
     Cgroup,
-    QuotaError,
     cgroup_mounts,
     remove_dir,
     write_file,

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from tasks.errors import QuotaError
 from tasks.records import Quota
 from worker.cgroup import (
     CFS_PERIOD_US,
@@ -32,7 +33,6 @@ from worker.cgroup import (
     PARENT_NAME,
     POLL_S,
     Cgroup,
-    QuotaError,
     cgroup_mounts,
     remove_dir,
     write_file,

@@ -168,7 +168,7 @@ class Dockerd:
         """Run a docker client command against this daemon; its stdout, or ``DockerdError``."""
         try:
             proc = subprocess.run(
-                self.client(*args), input=input, capture_output=True, timeout=timeout
+                self.client(*args), input=input, check=False, capture_output=True, timeout=timeout
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise DockerdError(f"docker {args[0]}: {exc}") from exc

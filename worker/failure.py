@@ -20,7 +20,7 @@ class Stopped(Exception):
 
 def os_reason(exc: BaseException, default: str = "launcher-error") -> str:
     """no-space for a full disk, ``default`` otherwise."""
-    if isinstance(exc, OSError) and exc.errno == 28 or any(m in str(exc) for m in ENOSPC_MARKERS):
+    if (isinstance(exc, OSError) and exc.errno == 28) or any(m in str(exc) for m in ENOSPC_MARKERS):
         return "no-space"
     return default
 

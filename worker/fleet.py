@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import redis
 from celery import Celery, Task
@@ -129,7 +129,7 @@ class _Heartbeat:
             if self._stop.wait(ALIVE_REFRESH_S):
                 return
 
-    def __enter__(self) -> _Heartbeat:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -167,7 +167,7 @@ def execute(client: redis.Redis, spec: EnvironmentSpec, sent_at: float | None) -
     try:
         admit(spec, host)
     except SpecRefused as exc:
-        log.error("%s (nothing ran, no record)", exc)
+        log.error("%s (nothing ran, no record)", exc)  # noqa: TRY400 -- one line: no traceback
         count_refusal(client, spec, exc.reason)
         raise
     received = time.time()

@@ -156,7 +156,7 @@ def ask_preflight(
         return get_mode(spec.mode, spec.mode_options).preflight(host)
     except SandbenchError as exc:  # unknown mode, bad options: the message says what to fix
         return Preflight(False, str(exc))
-    except Exception as exc:  # noqa: BLE001 -- a check that crashes cannot vouch for the mode
+    except Exception as exc:  # a check that crashes cannot vouch for the mode
         log.exception("preflight of mode %s raised", spec.mode)
         return Preflight(False, f"preflight error: {type(exc).__name__}: {exc}")
 
@@ -225,7 +225,7 @@ def _decide(
         return not_run(spec, NOT_RUN_RULE, RULE_DETAIL)
     try:
         return run_environment(spec, host=host.info(), stop=stop, preflight=verdict)
-    except Exception as exc:  # noqa: BLE001 -- a harness error is data, never a lost environment
+    except Exception as exc:  # a harness error is data, never a lost environment
         log.exception("environment %s: harness error", spec.key())
         detail = f"harness error on {host.name}: {type(exc).__name__}: {exc}"
         return EnvironmentRecord.from_spec(spec, **failed_fields("launcher-error", detail))

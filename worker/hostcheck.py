@@ -10,10 +10,11 @@ overlayfs, dockerd, KVM, disk space, the signing key) live in ``worker.hostcheck
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from tasks.errors import SandbenchError
+from tasks.errors import HostCheckFailed
 from tasks.records import Quota
 from worker import cgroupsv1, cgroupsv2, hostinfo
 from worker import quota as cgroups
@@ -35,10 +36,6 @@ FIX_SWAP = (
     "reboot), or turn swap off: swapoff -a"
 )
 FIX_ROOT = "run as root (the systemd unit sandbench-worker@.service does)"
-
-
-class HostCheckFailed(SandbenchError):
-    """A check this command depends on failed; the message names each check and its fix."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +88,7 @@ def controllers_check(version: int) -> Check:
     root = mounts["cgroup2"]
     where = cgroupsv2.placement(root)
     levels = _levels(where.anchor)
-    for parent, child in zip(levels, levels[1:], strict=False):
+    for parent, child in itertools.pairwise(levels):
         enabled = (_dir(root, parent) / "cgroup.subtree_control").read_text().split()
         missing = [c for c in cgroupsv2.NEEDED_CONTROLLERS if c not in enabled]
         if missing:

@@ -46,7 +46,7 @@ def filesystem_of(path: Path) -> dict[str, str]:
         mount_point = left.split()[4].replace("\\040", " ")
         inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
         if inside and len(mount_point) >= len(best["mount_point"]):
-            fstype, source = (right.split() + ["", ""])[:2]
+            fstype, source = ([*right.split(), "", ""])[:2]
             best = {"mount_point": mount_point, "type": fstype, "source": source}
     return best
 
@@ -79,7 +79,7 @@ def tool_version(argv: list[str]) -> str | None:
         return None
     try:
         out = subprocess.run(
-            [exe, *argv[1:]], capture_output=True, text=True, timeout=TOOL_TIMEOUT_S
+            [exe, *argv[1:]], check=False, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

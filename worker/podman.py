@@ -130,7 +130,7 @@ class Podman:
         """Run a podman command on this store; its stdout, or ``PodmanError`` with its stderr."""
         try:
             proc = subprocess.run(
-                self.command(*args), input=input, capture_output=True, timeout=timeout
+                self.command(*args), input=input, check=False, capture_output=True, timeout=timeout
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise PodmanError(f"podman {args[0]}: {exc}") from exc
@@ -207,7 +207,7 @@ class Podman:
 def _first_line(argv: list[str]) -> str:
     """The first line of a tool's output ('' if it cannot run)."""
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        out = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return (out.stdout or out.stderr).strip().split("\n")[0]

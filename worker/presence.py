@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import redis
 from celery import Celery, bootsteps
@@ -36,7 +36,7 @@ def presence_step(host: str) -> type[bootsteps.StartStopStep]:
     class Presence(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is untyped
         """Sets the host-alive key now and every few seconds; deletes it on a clean stop."""
 
-        requires = {"celery.worker.components:Timer"}
+        requires: ClassVar[set[str]] = {"celery.worker.components:Timer"}
 
         def __init__(self, parent: Any, **kwargs: Any) -> None:
             super().__init__(parent, **kwargs)

@@ -80,7 +80,7 @@ def run_owned(
 # bash, not dash: it can close a descriptor numbered above 9 ({var}>&-), so the launcher
 # inherits neither pipe.
 SHIM = (
-    'joined=$1 go=$2; shift 2; '
+    "joined=$1 go=$2; shift 2; "
     'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; '
     'printf j >&"$joined" && read -r word <&"$go" && [ "$word" = g ] || exit 125; '
     'exec {joined}>&- {go}<&- && exec "$@"'
@@ -109,9 +109,7 @@ def spawn_marked(
     shim = [SHELL, "-c", SHIM, "shim", str(joined_w), str(go_r), *procs_files, "--",
             launcher, *argv[1:]]  # fmt: skip
     try:
-        proc = subprocess.Popen(
-            shim, start_new_session=True, pass_fds=(joined_w, go_r), **popen
-        )
+        proc = subprocess.Popen(shim, start_new_session=True, pass_fds=(joined_w, go_r), **popen)
         os.close(joined_w)
         os.close(go_r)
         joined_w = go_r = -1

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from tasks.stamps import utc_now
 from worker.hostinfo import host_facts
 from worker.modes import tool_commands
 
@@ -18,7 +18,11 @@ GIT_TIMEOUT_S = 10
 
 def _git(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S
+        ["git", "-C", str(REPO), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=GIT_TIMEOUT_S,
     )
 
 
@@ -52,7 +56,7 @@ def collect(
     return {
         "host": host,
         "campaign": campaign,
-        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": utc_now(),
         "seed": seed,
         "cohort": cohort,
         "quota": quota,

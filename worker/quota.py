@@ -11,6 +11,7 @@ so its whole process tree is limited, measured and killed together.
 
 from __future__ import annotations
 
+from tasks.errors import QuotaError
 from tasks.records import Quota
 from worker.cgroup import (
     CFS_PERIOD_US,
@@ -20,7 +21,6 @@ from worker.cgroup import (
     PARENT_NAME,
     POLL_S,
     Cgroup,
-    QuotaError,
     cgroup_mounts,
     cgroup_name,
     cpu_list,

@@ -131,7 +131,7 @@ def reap_if_left(work_root: Path) -> Reaped | None:
             return None
         result = reap(work_root)
     except (OSError, SandbenchError) as exc:
-        log.error("reaper failed on %s: %s", work_root, exc)
+        log.error("reaper failed on %s: %s", work_root, exc)  # noqa: TRY400 -- says what
         return None
     log.warning("%s", result.lines()[-1])
     return result
@@ -326,13 +326,14 @@ def _rmdir(directory: Path) -> None:
     while True:
         try:
             directory.rmdir()
-            return
         except FileNotFoundError:
             return
         except OSError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(POLL_S)
+        else:
+            return
 
 
 # -- files outside the work root -----------------------------------------------------------

@@ -26,7 +26,6 @@ failure never shows a round time of zero. The runner does not gate on the mode's
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import subprocess
 import threading
 import time
@@ -36,6 +35,7 @@ from typing import Any
 
 from tasks.errors import SandbenchError
 from tasks.records import REASONS, EnvironmentRecord, EnvironmentSpec, OracleResult, RoundRecord
+from tasks.stamps import utc_now
 from worker import containment, ledger
 from worker import quota as cgroups
 from worker.channel import (
@@ -105,11 +105,6 @@ def preflight_of(mode: Mode, host: HostInfo, options: dict[str, Any]) -> Preflig
         except SandbenchError as exc:
             _PREFLIGHTS[key] = Preflight(False, str(exc))
     return _PREFLIGHTS[key]
-
-
-def utc_now() -> str:
-    """The current UTC time as ISO 8601 with a Z suffix, to the second."""
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class _Run:
@@ -203,7 +198,8 @@ class _Run:
 
     def _launch_and_drive(self) -> None:
         """Marker, spawn, Ready, rounds, exit, all within the limit from the marker."""
-        assert self.env is not None and self.cgroup is not None
+        assert self.env is not None
+        assert self.cgroup is not None
         try:
             argv = self.mode.launcher(self.env)
         except Exception as exc:  # a mode that cannot say what to launch cannot start
@@ -217,7 +213,8 @@ class _Run:
             except (OSError, subprocess.SubprocessError) as exc:
                 raise Failed("launcher-error", f"cannot start {argv[0]}: {exc}") from exc
         deadline = self.env.deadline_ns = t0 + int(self.spec.limit_s * 1e9)
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
         channel = Channel(self.proc.stdin, self.proc.stdout, self.stop)
         try:
             ready = self._ready(channel, deadline)
@@ -228,7 +225,7 @@ class _Run:
                 self._round(channel, k, deadline)
             self._exit(channel, deadline)
         except ChannelStopped as exc:
-            raise Stopped() from exc
+            raise Stopped from exc
         finally:
             channel.close()
 
@@ -352,7 +349,7 @@ class _Run:
             return False
         try:
             return self.mode.oom_killed(self.env)
-        except Exception as exc:  # a verdict we cannot get is noted, never a crash
+        except Exception as exc:  # noqa: BLE001 -- a verdict we cannot get is noted, never a crash
             self.problems.append(f"mode OOM check: {exc}")
             return False
 
@@ -364,7 +361,8 @@ class _Run:
 
     def _check_placement(self, when: str) -> None:
         """Every process of the launcher's tree is inside the environment's cgroup."""
-        assert self.proc is not None and self.cgroup is not None
+        assert self.proc is not None
+        assert self.cgroup is not None
         if problem := containment.placement_problem(self.cgroup, self.proc.pid, when):
             raise Failed("quota-escaped", problem)
 
@@ -385,7 +383,7 @@ class _Run:
             # the model starts from the very fixture this workspace was copied from
             model = workload.model(spec.seed, spec.scale, spec.rounds, fixture=self.fixture)
             mismatches = list(compare(self.mode.result_root(self.env), model))
-        except Exception as exc:  # an oracle that cannot even look is a mismatch, with why
+        except Exception as exc:  # noqa: BLE001 -- an oracle that cannot even look is a mismatch, with why
             mismatches = [f"oracle could not compare: {exc}"]
         self.fields["oracle"] = OracleResult(ok=not mismatches, mismatches=mismatches[:100])
         self._check_original()
@@ -489,7 +487,7 @@ class _Run:
     def _check_stop(self) -> None:
         """Raise Stopped when the caller asked to stop."""
         if self.stop is not None and self.stop.is_set():
-            raise Stopped()
+            raise Stopped
 
     def cleanup(self) -> None:
         """Kill leftovers, let the mode clean up, remove the environment's files and then its
@@ -505,7 +503,7 @@ class _Run:
         if self.prepared and self.env is not None:
             try:
                 self.mode.cleanup(self.env)
-            except Exception as exc:  # go on: the cgroup and files must still be removed
+            except Exception as exc:  # noqa: BLE001 -- go on: the cgroup and files must still be removed
                 problems.append(f"mode cleanup: {exc}")
         if self.cgroup is not None:  # nothing may still write into the tree removed next
             try:

@@ -75,7 +75,8 @@ def drive(
 def _converse(proc: subprocess.Popen[str], rounds: list[int], result: Drive) -> None:
     """Read ready, then per round: send it and time its answer, then ask for its check
     (outside the clock, as the runner does); send exit, collect the rest."""
-    assert proc.stdin and proc.stdout
+    assert proc.stdin
+    assert proc.stdout
     line = proc.stdout.readline()
     result.lines.append(json.loads(line) if line else {"op": "eof"})
     if not _ask(proc, {"op": "check", "k": 0}, result, "checked"):

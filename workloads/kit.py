@@ -125,7 +125,7 @@ T = TypeVar("T")
 def ahead(key: tuple[object, ...], compute: Callable[[], T]) -> T:
     """The value ``prepare`` made for ``key`` ahead of the round (taken once), else compute()."""
     if key in _AHEAD:
-        return cast(T, _AHEAD.pop(key))
+        return cast("T", _AHEAD.pop(key))
     return compute()
 
 

@@ -20,8 +20,9 @@ from workloads.kit import MAX_ROUNDS, Check, PayloadError, forget_prepared
 
 def cpu_seconds() -> float:
     """CPU time (user + system) of this process and its waited-for children so far."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
-        resource.RUSAGE_CHILDREN
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
     )
     return round(own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime, 6)
 
@@ -84,7 +85,7 @@ class Session:
                 elif msg.get("op") != "noop":
                     raise PayloadError(f"unknown request {line.strip()!r}")
             raise PayloadError("stdin closed before exit")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- the runner gets the error as a message
             self.send({"op": "error", "k": self.k, "message": f"{type(exc).__name__}: {exc}"})
             return 1
 

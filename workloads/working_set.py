@@ -136,7 +136,7 @@ def _run_writers(lanes: list[list[tuple[int, int, int]]], base: memoryview, bs: 
         try:
             for fd, off, src in lane:
                 write_all(fd, base[src : src + bs], off)
-        except BaseException as exc:  # reported by the main thread
+        except BaseException as exc:  # noqa: BLE001 -- reported by the main thread
             errors.append(exc)
 
     threads = [threading.Thread(target=writer, args=(lane,)) for lane in lanes]

@@ -8,7 +8,6 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
@@ -39,6 +38,7 @@ from tasks.errors import PlanError
 from tasks.options import data_option
 from tasks.paths import DEFAULT_WORK_ROOT
 from tasks.signing import COORDINATOR_KEY_FILE, default_coordinator_key_path
+from tasks.stamps import utc_now
 from worker.workroot import check_work_root
 
 EXIT_CHECK_FAILED = 1
@@ -224,7 +224,7 @@ def verify_and_mark(store: Store, campaign_id: str, registry: HostRegistry) -> V
     """Verify a campaign and store the verdict with the digests of the bytes it checked, signed
     by the store's coordinator key."""
     checked = verify_campaign(store, campaign_id, registry)
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = utc_now()
     store.write_verification(campaign_id, checked.as_json(now))
     return checked
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-import coordinator.cli.host_keys as host_keys
+import coordinator.cli.host_keys as host_keys  # noqa: PLR0402 -- not from the package: its __init__ imports this module
 from worker.cli import host_check, host_clean, host_docker
 
 HOST_COMMAND_MODULES = (host_keys, host_docker, host_clean, host_check)

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import redis
 from celery import Celery, Task
@@ -104,9 +104,11 @@ def rejection(data: dict[str, Any], reason: str) -> tuple[str, str]:
 class Coordinator:
     """Verifies, stores and finalizes; one per coordinator process."""
 
-    _cached: dict[int, Coordinator] = {}
+    _cached: ClassVar[dict[int, Coordinator]] = {}
 
-    def __init__(self, store: Store, registry: HostRegistry, client: redis.Redis, app: Celery):
+    def __init__(
+        self, store: Store, registry: HostRegistry, client: redis.Redis, app: Celery
+    ) -> None:
         self.store, self.registry, self.client, self.app = store, registry, client, app
         self.leases = Leases(client, self.requeue, self.mark_lost)
         self._reported: dict[str, float] = {}  # campaign -> when the sweep last rebuilt its report

@@ -149,7 +149,7 @@ class Intake:
         if not self.pending:
             return
         hosts = sorted(self.pending)
-        if any([self.coordinator.maybe_finalize(*h, outbox=self.events) for h in hosts]):
+        if any(self.coordinator.maybe_finalize(*h, outbox=self.events) for h in hosts):
             self.events.flush()  # the finalize_host messages, in one transaction
         self.pending.difference_update(hosts)
 
@@ -223,6 +223,6 @@ class Intake:
             except (redis.RedisError, StoreError, OSError) as exc:
                 log.warning("intake failed, retrying (taken messages come back): %s", exc)
                 stop.wait(1.0)
-            except Exception:  # noqa: BLE001 -- the intake must outlive any one batch
+            except Exception:  # the intake must outlive any one batch
                 log.exception("intake batch failed (its messages come back after the timeout)")
                 stop.wait(1.0)

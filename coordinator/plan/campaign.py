@@ -69,11 +69,15 @@ def describe(plan: Plan) -> list[str]:
     """Human lines saying what the plan expands to on one host (``sandbench plan show``)."""
     q = plan.quota
     lines = [
-        f"plan '{plan.name}': cohort {plan.cohort}, seed {plan.seed}, "
-        f"{plan.environments} environments x {plan.rounds} rounds per cell, "
-        f"scale {plan.scale:g}, limit {plan.limit_s:g} s",
-        f"quota: cpus {q.cpus}, {q.cpu_quota:g} cores, memory {format_size(q.memory)}, "
-        f"swap {format_size(q.swap)}; VM guest {plan.vm.vcpus} vCPU / {plan.vm.memory_mib} MiB",
+        (
+            f"plan '{plan.name}': cohort {plan.cohort}, seed {plan.seed}, "
+            f"{plan.environments} environments x {plan.rounds} rounds per cell, "
+            f"scale {plan.scale:g}, limit {plan.limit_s:g} s"
+        ),
+        (
+            f"quota: cpus {q.cpus}, {q.cpu_quota:g} cores, memory {format_size(q.memory)}, "
+            f"swap {format_size(q.swap)}; VM guest {plan.vm.vcpus} vCPU / {plan.vm.memory_mib} MiB"
+        ),
     ]
     per_mode = Counter(entry.name for entry, _ in plan.cells())
     by_count: dict[int, list[str]] = {}

@@ -21,6 +21,7 @@ No table mixes hosts or cohorts: every result is a ``HostTables`` of one (host, 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -246,7 +247,7 @@ def _cells(env: pd.DataFrame, groups: dict[str, str], seed: int) -> pd.DataFrame
 def _env_sums_text(cells: pd.DataFrame, g: Any) -> list[str]:
     """Per cell, its environments' task times in environment order, ';'-joined (6 decimals)."""
     env = g.obj
-    text = [f"{v:.6f}" if v == v else "" for v in env["task_s"].to_numpy(dtype=float)]
+    text = [f"{v:.6f}" if not math.isnan(v) else "" for v in env["task_s"].to_numpy(dtype=float)]
     env_index, indices = env["env_index"].to_numpy(), g.indices
     out = []
     for key in zip(*(cells[k] for k in CELL_KEYS), strict=True):

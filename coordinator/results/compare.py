@@ -54,7 +54,7 @@ from coordinator.store.store import CAMPAIGN_FILE, Store
 from coordinator.store.trust import HostRegistry
 from coordinator.store.verdict import Verdict, verdict_of
 from coordinator.store.views import CampaignView
-from tasks.errors import SandbenchError
+from tasks.errors import CompareRefused
 
 FASTER, SLOWER = "faster", "slower"
 SAME = "no significant difference"
@@ -77,10 +77,6 @@ NOTED_FACTS = ("cpu_model", "cores", "memory_bytes", "kernel", "os", "cgroup", "
                "work_root_fs.type", "tools.")  # fmt: skip
 
 
-class CompareRefused(SandbenchError):
-    """Two result sets the study's rules keep apart, or a side that does not exist."""
-
-
 @dataclass(frozen=True)
 class Drift:
     """The machine's own shift between the sides: a B / A ratio of calibration runs."""
@@ -99,7 +95,7 @@ class Side:
     signers: dict[str, set[str]]  # host -> key ids that signed its records
     provenance: dict[str, dict[str, Any]]  # host -> provenance facts
     mode: str | None = None
-    verdict: Verdict = Verdict(False, "not verified yet")  # its records' (store.verdict)
+    verdict: Verdict = Verdict(False, "not verified yet")  # noqa: RUF009 -- frozen: sharing it is safe
 
     def table(self, host: str, cohort: str) -> HostTables | None:
         """This side's tables of one host and cohort."""
@@ -229,7 +225,8 @@ def compare(a: Side, b: Side) -> Comparison:
     seed = (int(a.campaign.plan.get("seed", 0)), int(b.campaign.plan.get("seed", 0)))
     for host, cohort in pairs:
         ta, tb = a.table(host, cohort), b.table(host, cohort)
-        assert ta is not None and tb is not None
+        assert ta is not None
+        assert tb is not None
         if a.campaign.id != b.campaign.id:  # one campaign's modes share its time: no drift
             _measure_drift(out, a, b, host, cohort)
         _compare_host(out, (a, ta), (b, tb), seed)
@@ -347,7 +344,7 @@ def _cell(t: HostTables, workload: str, a: tuple[str, np.ndarray], b: tuple[str,
     ratio = med_b / med_a
     interval = ratio_interval(xa, xb, seed) if min(len(xa), len(xb)) >= CI_MIN_N else None
     word, why = verdict(len(xa), len(xb), ratio, interval, drift)
-    low, high = interval if interval else (None, None)
+    low, high = interval or (None, None)
     return Cell(t.host, t.cohort, workload, ma, mb, len(xa), len(xb), med_a, med_b, ratio,
                 low, high, word, why)  # fmt: skip
 

@@ -155,14 +155,14 @@ def headline(t: HostTables, workflows: list[str]) -> list[str]:
 
 
 def startup_table(t: HostTables) -> Table:
+    """Host ``t``'s Ready table: per mode, N and the min, median and max Ready in ms."""
     rows: list[list[str | tuple[str, int]]] = [
         [str(r.mode), str(r.n), fmt(r.ready_ms_min), fmt(r.ready_ms_median), fmt(r.ready_ms_max)]
         for r in t.startup.itertuples()
     ]
-    ready = Table(
+    return Table(
         "Ready per mode, ms (over passed environments)", ["mode", "n", "min", "median", "max"], rows
     )
-    return ready
 
 
 def _coverage_table(t: HostTables) -> Table:
@@ -200,9 +200,9 @@ def sentinel_blocks(s: SentinelTable | None, every: int, stem: Path) -> list[Blo
     """The machine-state sentinel of one host: what ran, its share of the time, its drift."""
     if s is None:
         return [("h3", "Machine-state sentinel"),
-                ("p", "No sentinel in this campaign (planned with sentinel = false, or before "
+                ("p", ("No sentinel in this campaign (planned with sentinel = false, or before "
                       "the sentinel existed): a comparison with another campaign cannot tell "
-                      "the machine's own drift.")]  # fmt: skip
+                      "the machine's own drift."))]  # fmt: skip
     points = s.points
     planned = int(points["env_index"].nunique())
     share = "not known yet" if s.share is None else (
@@ -220,10 +220,10 @@ def sentinel_blocks(s: SentinelTable | None, every: int, stem: Path) -> list[Blo
     bad = points[points["status"] != "passed"]
     blocks: list[Block] = [
         ("h3", "Machine-state sentinel"),
-        ("p", f"Calibration environments (native, fixed work; in no cell: not in the tables "
+        ("p", (f"Calibration environments (native, fixed work; in no cell: not in the tables "
               f"above, results.csv or the coverage counts): {planned} points, at the start, "
               f"every {every} environments and at the end. Their share of the environments' "
-              f"wall time: {share}."),
+              f"wall time: {share}.")),
         ("table", table),
     ]  # fmt: skip
     plot = plots.sentinel_drift(s, stem)
@@ -350,9 +350,9 @@ def campaign_blocks(
     status = verdict_of(store, campaign.id, registry).text  # the last verify's, signed, current
     blocks: list[Block] = [
         ("h1", f"sandbench campaign {campaign.id}"),
-        ("p", f"Plan '{plan.get('name')}', cohort {plan.get('cohort')}, seed {plan.get('seed')}, "
+        ("p", (f"Plan '{plan.get('name')}', cohort {plan.get('cohort')}, seed {plan.get('seed')}, "
               "created "
-              f"{campaign.created_at}; hosts: {', '.join(campaign.hosts)}; records: {status}."),
+              f"{campaign.created_at}; hosts: {', '.join(campaign.hosts)}; records: {status}.")),
         ("h2", "Headline"),
     ]  # fmt: skip
     for t in analysis.tables:
@@ -360,8 +360,10 @@ def campaign_blocks(
         blocks += [
             (
                 "p",
-                f"Host {t.host} (cohort {t.cohort}): median task time of a workflow environment "
-                "(the sum of its rounds), fastest complete mode first:",
+                (
+                    f"Host {t.host} (cohort {t.cohort}): median task time of a workflow "
+                    "environment (the sum of its rounds), fastest complete mode first:"
+                ),
             ),
             ("ul", lines),
         ]
@@ -390,18 +392,18 @@ def _config_lines(plan: dict[str, Any]) -> list[str]:
     modes = [_mode_text(m) for m in plan.get("modes", [])]
     q, vm = plan.get("quota", {}), plan.get("vm", {})
     return [
-        f"environments per cell N = {plan.get('environments')}, "
+        (f"environments per cell N = {plan.get('environments')}, "
         f"rounds per environment R = {plan.get('rounds')}, "
-        f"limit {plan.get('limit_s')} s, scale {plan.get('scale')}",
+        f"limit {plan.get('limit_s')} s, scale {plan.get('scale')}"),
         f"workloads: {', '.join(plan.get('workloads', []))}; modes: {', '.join(modes)}",
-        f"quota: cpus {q.get('cpus')}, {q.get('cpu_quota')} cores, "
+        (f"quota: cpus {q.get('cpus')}, {q.get('cpu_quota')} cores, "
         f"memory {format_size(int(q.get('memory', 0)))}, "
         f"swap {format_size(int(q.get('swap', 0)))}; "
-        f"VM {vm.get('vcpus')} vCPU / {vm.get('memory_mib')} MiB",
+        f"VM {vm.get('vcpus')} vCPU / {vm.get('memory_mib')} MiB"),
         _sentinel_config(plan.get("sentinel")),
-        "statistics: N=3 is exploratory (no tails, no intervals); "
+        ("statistics: N=3 is exploratory (no tails, no intervals); "
         "N>=10 adds a bootstrap 95% interval of "
-        "the median [low, high]; N>=30 adds P95; hosts and cohorts are never pooled or ranked",
+        "the median [low, high]; N>=30 adds P95; hosts and cohorts are never pooled or ranked"),
     ]  # fmt: skip
 
 
@@ -528,10 +530,10 @@ def _replace_refused(store: Store, campaign_id: str, why: str) -> bool:
     pages = [root / name for name in ("report.md", "report.html") if (root / name).is_file()]
     blocks: list[Block] = [
         ("h1", f"sandbench campaign {campaign_id}: no report"),
-        ("p", f"The report could not be built: {why}. An earlier report was here; it is gone "
+        ("p", (f"The report could not be built: {why}. An earlier report was here; it is gone "
               "because what it showed is no longer what the store holds. Nothing in this file "
               f"is a result or a verdict: run 'sandbench verify {campaign_id}' to see every "
-              "problem."),
+              "problem.")),
     ]  # fmt: skip
     for page in pages:
         page.write_text(to_markdown(blocks, root) if page.suffix == ".md" else to_html(blocks))

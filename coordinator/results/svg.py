@@ -49,7 +49,7 @@ LOG_SPREAD = 20.0  # values spanning more than this factor get a log axis
 def num(v: float) -> str:
     """A coordinate with one decimal, no trailing '.0'."""
     text = f"{v:.1f}"
-    return text[:-2] if text.endswith(".0") else text
+    return text.removesuffix(".0")
 
 
 def text_width(text: str, size: float) -> float:

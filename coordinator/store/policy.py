@@ -224,8 +224,8 @@ class Missing:
         for spec in self.specs:
             later = self.latest.get(spec.attempt, -1)
             if finalized:
-                out.append((spec.key(), f"planned but has no record, and host {self.host}'s "
-                                        "log was finalized (a record was removed)"))  # fmt: skip
+                out.append((spec.key(), (f"planned but has no record, and host {self.host}'s "
+                                        "log was finalized (a record was removed)")))  # fmt: skip
             elif later > spec.order_index:
                 why = f"no record, but a later environment of host {self.host} (order {later})"
                 out.append((spec.key(), f"{why} has one (a record was removed)"))

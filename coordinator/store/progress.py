@@ -9,7 +9,8 @@ import json
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Set
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -61,12 +62,14 @@ class HostProgress:
         return fingerprint(self.keys(), self.received, self.lost.keys())
 
 
-def counted(planned: Set[str], received: Set[str], lost: Set[str]) -> int:
+def counted(planned: AbstractSet[str], received: AbstractSet[str], lost: AbstractSet[str]) -> int:
     """How many ``planned`` environments have an outcome (a record or a lost mark)."""
     return len(planned & received) + len(planned & (lost - received))
 
 
-def fingerprint(planned: Set[str], received: Set[str], lost: Set[str]) -> str:
+def fingerprint(
+    planned: AbstractSet[str], received: AbstractSet[str], lost: AbstractSet[str]
+) -> str:
     """Records and lost marks of the ``planned`` environments counted, out of how many."""
     return f"{len(planned & received)}+{len(planned & (lost - received))}/{len(planned)}"
 

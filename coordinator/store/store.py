@@ -26,7 +26,6 @@ import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -55,6 +54,7 @@ from tasks.files import write_atomic
 from tasks.names import check_name, is_name
 from tasks.records import EnvironmentRecord, EnvironmentSpec
 from tasks.signing import CoordinatorKey
+from tasks.stamps import utc_now
 
 CAMPAIGN_FILE = "campaign.json"
 PLAN_FILE = "plan.toml"
@@ -96,10 +96,6 @@ class RawLine:
     host: str
     lineno: int
     text: str
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Store:
@@ -165,7 +161,7 @@ class Store:
         (cdir / PLAN_FILE).write_bytes(plan_text.encode("utf-8"))
         plan_json = plan.model_dump(mode="json") if hasattr(plan, "model_dump") else dict(plan)
         hosts = sorted({s.host for s in specs})
-        self._write_campaign(cid, plan_json, specs, _now(), hosts, notes or [])
+        self._write_campaign(cid, plan_json, specs, utc_now(), hosts, notes or [])
         for host in hosts:
             self.host_dir(cid, host).mkdir(parents=True, exist_ok=True)
         sync_file(cdir)  # the directory's new entries

@@ -13,7 +13,6 @@ import fcntl
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from tasks.files import write_atomic
 from tasks.names import check_name
 from tasks.paths import sandbench_home
 from tasks.signing import CoordinatorKey, fingerprint, public_key_from_b64
+from tasks.stamps import utc_now
 
 REGISTRY_FILE = "hosts.json"
 
@@ -84,7 +84,7 @@ class HostRegistry:
                 return False
             if old is not None and not replace:
                 raise self._changed_key(name, old["public_key"], pubkey_b64)
-            added = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            added = utc_now()
             entry: dict[str, Any] = {"public_key": pubkey_b64, "added_at": added}
             if old is not None:  # the replaced key stays on file, for the record
                 entry["replaced"] = [*old.pop("replaced", []), {**old, "replaced_at": added}]
@@ -116,7 +116,7 @@ class HostRegistry:
             data = self._read_for_change()
             if fingerprint(pubkey_b64) in data["coordinators"]:
                 return False
-            added = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            added = utc_now()
             entry = {"public_key": pubkey_b64, "added_at": added, "label": label}
             data["coordinators"][fingerprint(pubkey_b64)] = entry
             self._write(data)

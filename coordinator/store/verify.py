@@ -73,8 +73,10 @@ def check_expansion(cdir: Path, registry: HostRegistry) -> list[str]:
     sig = cdir / EXPANSION_SIG_FILE
     if not sig.exists():
         return [
-            f"{EXPANSION_SIG_FILE}: missing: campaign.json and plan.toml are not signed by "
-            "a coordinator key (a campaign stored before schema 4, or the file was removed)"
+            (
+                f"{EXPANSION_SIG_FILE}: missing: campaign.json and plan.toml are not signed by "
+                "a coordinator key (a campaign stored before schema 4, or the file was removed)"
+            )
         ]
     try:
         doc = json.loads(sig.read_bytes())
@@ -244,10 +246,10 @@ def _old_schema(log: LogCheck) -> list[str]:
     if not log.old_schema:
         return []
     first = log.old_schema[0]
-    return [f"{first.key}: hosts/{log.host}/records.jsonl: {len(log.old_schema)} record(s) of "
+    return [(f"{first.key}: hosts/{log.host}/records.jsonl: {len(log.old_schema)} record(s) of "
             f"an older schema than {SCHEMA_VERSION} (first: line {first.pos}), written before "
             "hash chains and raw-bytes signatures: they cannot be verified under the current "
-            "rules"]  # fmt: skip
+            "rules")]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -279,11 +281,11 @@ def check_head(cdir: Path, log: LogCheck, registry: HostRegistry) -> HeadCheck:
     if count and final is None:
         top = max(by_seq, default=0)
         if top < count:
-            return HeadCheck([f"{name}: removed tail: the log was finalized with {count} "
+            return HeadCheck([(f"{name}: removed tail: the log was finalized with {count} "
                               f"records and ends at seq {top} (the last {count - top} "
-                              "removed)"], finalized_planned=planned)  # fmt: skip
-        return HeadCheck([f"{name}: the line the log was finalized with (seq {count}) is gone "
-                          "(replaced)"], finalized_planned=planned)  # fmt: skip
+                              "removed)")], finalized_planned=planned)  # fmt: skip
+        return HeadCheck([(f"{name}: the line the log was finalized with (seq {count}) is gone "
+                          "(replaced)")], finalized_planned=planned)  # fmt: skip
     if (final.digest if final else genesis(cdir.name, log.host)) != last:
         key = final.key if final else "?"
         why = f"seq {count} is not the line the log was finalized with (replaced since)"
@@ -302,13 +304,13 @@ def _provenance(hdir: Path, head: dict[str, Any], host: str) -> list[str]:
     if "provenance" not in head:
         if actual is None:
             return []
-        return [f"{name}: provenance not covered: the signed head ({HEAD_FILE}) holds no digest "
+        return [(f"{name}: provenance not covered: the signed head ({HEAD_FILE}) holds no digest "
                 "of it (finalized before heads signed the provenance), so its facts (cpu_model, "
-                "kernel, tools, ...) are unchecked"]  # fmt: skip
+                "kernel, tools, ...) are unchecked")]  # fmt: skip
     signed = head["provenance"]
     if actual == signed:
         return []
     what = "missing" if actual is None else "changed after finalization (an edited fact: "
     what += "" if actual is None else "cpu_model, kernel, tools, ...)"
-    return [f"{name}: provenance {what}: its signed SHA-256 is {signed}, now {actual} "
-            f"({HEAD_FILE})"]  # fmt: skip
+    return [(f"{name}: provenance {what}: its signed SHA-256 is {signed}, now {actual} "
+            f"({HEAD_FILE})")]  # fmt: skip

@@ -86,7 +86,7 @@ def tool_commands() -> dict[str, list[str]]:
 
 def _tool_name(command: str) -> str:
     """``/usr/bin/python3 --version`` -> ``python3``; ``.../nsjail-version`` -> ``nsjail``."""
-    return command.split()[0].rsplit("/", 1)[-1].removesuffix("-version")
+    return command.split(maxsplit=1)[0].rsplit("/", 1)[-1].removesuffix("-version")
 
 
 def get_mode(name: str, options: dict[str, Any] | None = None) -> Mode:
@@ -99,7 +99,7 @@ def get_mode(name: str, options: dict[str, Any] | None = None) -> Mode:
     if name not in BUILTIN_MODES:
         import difflib
 
-        near = difflib.get_close_matches(name, list(BUILTIN_MODES) + ["command"], n=1)
+        near = difflib.get_close_matches(name, [*list(BUILTIN_MODES), "command"], n=1)
         hint = f"; did you mean '{near[0]}'?" if near else ""
         raise ModeUnavailable(
             f"'{name}' is not a mode{hint} (modes: {', '.join(BUILTIN_MODES)}, or a command "

@@ -202,7 +202,7 @@ def _placeholder_problem(text: str, allowed: tuple[str, ...]) -> str | None:
 def expand(template: Template, values: dict[str, Any]) -> list[str]:
     """The argv of ``template`` with ``values`` substituted (a string runs under /bin/sh -c)."""
     if isinstance(template, str):
-        return [SHELL, "-c", _fill(template, values, shell=True)]
+        return [SHELL, "-c", _fill(template, values, shell=True)]  # noqa: S604 -- quoted for sh
     argv: list[str] = []
     for element in template:
         if element == "{payload_argv}":

@@ -159,7 +159,7 @@ def import_image(engine: Engine, tag: str, engine_name: str) -> dict[str, Any]:
 def parse_tools(out: str) -> dict[str, str]:
     """The ``name=version`` lines of ``TOOLS_PROBE``'s output."""
     pairs = (line.split("=", 1) for line in out.splitlines() if "=" in line)
-    return {k: v for k, v in pairs}
+    return dict(pairs)
 
 
 class ContainerMode(Mode):

@@ -292,4 +292,3 @@ def write_bundle(bundle: Path, args: list[str], workspace: str, payload_dir: str
     bundle.mkdir(parents=True, exist_ok=True)
     text = json.dumps(bundle_config(args, workspace, payload_dir), indent=1)
     (bundle / "config.json").write_text(text + "\n")
-

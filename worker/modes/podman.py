@@ -177,8 +177,9 @@ class PodmanMode(ContainerMode):
         while True:
             try:
                 self.store.run("rm", "--force", "--time=0", "--ignore", name)
-                return
             except PodmanError as exc:  # e.g. conmon's cleanup holds the container's lock
                 if time.monotonic() > deadline:
                     raise PodmanError(f"container {name} is not removed: {exc}") from exc
+            else:
+                return
             time.sleep(REMOVE_POLL_S)

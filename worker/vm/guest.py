@@ -68,7 +68,7 @@ def load_guest(home: Path | None = None) -> Guest | None:
         data = json.loads((home / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-    guest = Guest(
+    return Guest(
         home=home,
         kernel_version=data["kernel_version"],
         vmlinuz=home / data["vmlinuz"],
@@ -80,7 +80,6 @@ def load_guest(home: Path | None = None) -> Guest | None:
         all_modules=tuple(data.get(MODULES_KEY, ())),
         modules_dir=home / data["modules_dir"] if data.get("modules_dir") else None,
     )
-    return guest
 
 
 def guest_problem(guest: Guest | None) -> str | None:
@@ -148,9 +147,7 @@ def prepare_guest(home: Path | None = None, force: bool = False) -> Guest:
         shutil.rmtree(modules_dir, ignore_errors=True)
         kernel.copy_modules(all_order, index, modules_dir)
         vmlinuz = kernel.copy_vmlinuz(tree, home / f"vmlinuz-{tree.version}")
-        initrd = initramfs.build_initramfs(
-            modules_dir, order, home / f"initrd-{tree.version}.gz"
-        )
+        initrd = initramfs.build_initramfs(modules_dir, order, home / f"initrd-{tree.version}.gz")
         v2_initrd = initramfs.build_initramfs(
             modules_dir, v2_order, home / f"initrd-v2host-{tree.version}.gz",
             init=initramfs.V2HOST_INIT_SCRIPT,

@@ -78,12 +78,14 @@ def has_device(name: str) -> bool:
 
 def has_object(name: str) -> bool:
     """Whether QEMU knows object type ``name`` (e.g. a memory backend)."""
-    return re.search(rf"^\s*{re.escape(name)}$", _query("-object", "help"), re.M) is not None
+    return (
+        re.search(rf"^\s*{re.escape(name)}$", _query("-object", "help"), re.MULTILINE) is not None
+    )
 
 
 def has_machine(name: str) -> bool:
     """Whether QEMU knows machine type ``name``."""
-    return re.search(rf"^{re.escape(name)}\s", _query("-machine", "help"), re.M) is not None
+    return re.search(rf"^{re.escape(name)}\s", _query("-machine", "help"), re.MULTILINE) is not None
 
 
 @dataclass
@@ -184,7 +186,9 @@ def _port_args(config: GuestConfig) -> list[str]:
 def host_tsc_khz() -> int | None:
     """The host CPU's clock in kHz (``cpu MHz`` of /proc/cpuinfo), or None if unknown."""
     try:
-        match = re.search(r"^cpu MHz\s*:\s*([0-9.]+)", Path("/proc/cpuinfo").read_text(), re.M)
+        match = re.search(
+            r"^cpu MHz\s*:\s*([0-9.]+)", Path("/proc/cpuinfo").read_text(), re.MULTILINE
+        )
     except OSError:
         return None
     return round(float(match.group(1)) * 1000) if match else None

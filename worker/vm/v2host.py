@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.errors import SandbenchError
+from tasks.errors import SandbenchError, V2HostError
 from tasks.paths import DEFAULT_HOME, tools_dir
 from worker.procs import owned_process
 from worker.vm import accel, guest, qemu
@@ -46,10 +46,6 @@ STATUS_TIMEOUT = 124
 CONSOLE_TAIL_LINES = 25
 POLL_S = 0.2
 RELAY_WAIT_S = 5.0
-
-
-class V2HostError(SandbenchError):
-    """The cgroup v2 host cannot be started (no prepared guest, no QEMU, bad arguments)."""
 
 
 @dataclass
