@@ -22,6 +22,7 @@ Record format versions (bump ``SCHEMA_VERSION`` and list every change here):
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -50,8 +51,45 @@ REASONS: dict[str, FailureClass] = {
     "quota-escaped": "resource",
 }
 
-NOT_RUN_RULE = "first-failure-rule"
-NOT_RUN_PREFLIGHT_PREFIX = "preflight: "
+
+class NotRun(StrEnum):
+    """Why a planned environment was not run: the two kinds the design knows.
+
+    A ``not-run`` record's ``reason`` is the rule's kind itself, or ``preflight: <why>``; this
+    module alone writes and reads that text (``not_run_reason``, ``not_run_kind``).
+    """
+
+    RULE = "first-failure-rule"  # an earlier environment of its cell failed
+    PREFLIGHT = "preflight"  # its mode's preflight failed on this host
+
+
+NOT_RUN_RULE = NotRun.RULE.value
+_PREFLIGHT_PREFIX = f"{NotRun.PREFLIGHT.value}: "
+
+
+def not_run_reason(kind: NotRun, why: str = "") -> str:
+    """The ``reason`` a not-run record of ``kind`` carries (``why`` is the preflight's)."""
+    if kind is NotRun.RULE:
+        return NOT_RUN_RULE
+    return _PREFLIGHT_PREFIX + (why or "unavailable")
+
+
+def not_run_kind(outcome: str, reason: str | None) -> NotRun | None:
+    """The kind of a not-run record by its outcome and reason; None if it ran, or if the
+    reason is neither kind (verify names that as a violation)."""
+    if outcome != "not-run":
+        return None
+    if reason == NOT_RUN_RULE:
+        return NotRun.RULE
+    if (reason or "").startswith(_PREFLIGHT_PREFIX):
+        return NotRun.PREFLIGHT
+    return None
+
+
+def preflight_why(reason: str | None) -> str:
+    """What the failed preflight said, from a preflight not-run record's ``reason``."""
+    return (reason or "").removeprefix(_PREFLIGHT_PREFIX)
+
 
 GIB = 1024**3
 

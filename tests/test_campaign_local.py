@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.store.store import Store
-from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, SCHEMA_VERSION
+from tasks.records import NOT_RUN_RULE, SCHEMA_VERSION, NotRun, not_run_kind
 from tasks.signing import HostKey
 from tests.conftest import files_of
 
@@ -106,7 +106,7 @@ def test_failing_and_unavailable_modes(lab: Lab) -> None:
     for w in ("publish", "seq-write"):
         assert cells[("native", w)] == ["passed"] * 3
         assert cells[("always-fails", w)] == ["failed", NOT_RUN_RULE, NOT_RUN_RULE]
-        assert all(r.startswith(NOT_RUN_PREFLIGHT_PREFIX) for r in cells[("absent", w)])
+        assert all(not_run_kind("not-run", r) is NotRun.PREFLIGHT for r in cells[("absent", w)])
         assert len(cells[("absent", w)]) == 3
     csv = (lab.data / cid / "hosts" / "lab-test" / "results.csv").read_text()
     assert ",always-fails,publish,workflow,1,incomplete," in csv

@@ -12,7 +12,7 @@ import pytest
 
 from coordinator.store.trust import HostRegistry
 from tasks.errors import SpecRefused
-from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, EnvironmentSpec
+from tasks.records import NOT_RUN_RULE, EnvironmentSpec, NotRun, not_run_kind
 from tasks.signing import CoordinatorKey, HostKey, verify_record
 from tasks.spec_signing import sign_spec
 from worker.config import Allowlist
@@ -118,7 +118,7 @@ def test_preflight_is_asked_once_per_campaign_and_mode(host: HostState, tmp_path
     first = _spec(host.work_root, mode="late-runtime", mode_options=options)
     record = run_planned(first, host, RecordedFailures())
     assert record is not None and record.reason is not None
-    assert record.outcome == "not-run" and record.reason.startswith(NOT_RUN_PREFLIGHT_PREFIX)
+    assert not_run_kind(record.outcome, record.reason) is NotRun.PREFLIGHT
     runtime.write_text('#!/bin/sh\nexec "$@"\n')
     runtime.chmod(runtime.stat().st_mode | stat.S_IXUSR)
     again = run_planned(_resigned(first, env_index=1), host, RecordedFailures())

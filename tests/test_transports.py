@@ -15,7 +15,7 @@ from coordinator.store.policy import verify_campaign
 from coordinator.store.store import Store
 from coordinator.store.trust import HostRegistry
 from tasks.app import create_app
-from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE
+from tasks.records import NOT_RUN_RULE, NotRun, not_run_kind
 from tests.fleet_helpers import Fleet, make_fleet, wait_finished, wait_until
 
 pytestmark = pytest.mark.fleet
@@ -106,7 +106,7 @@ def test_local_and_fleet_records_are_identical_but_for_timings(make_fleet: Any) 
     assert ("always-fails", "failed", "no-ready") in reasons
     assert ("always-fails", "not-run", NOT_RUN_RULE) in reasons
     absent = {r["reason"] for r in fleet_records.values() if r["mode"] == "absent"}
-    assert len(absent) == 1 and absent.pop().startswith(NOT_RUN_PREFLIGHT_PREFIX)
+    assert len(absent) == 1 and not_run_kind("not-run", absent.pop()) is NotRun.PREFLIGHT
     for name in HOSTS:  # each host's provenance lists the same preflight verdicts
         fleet_modes = wait_until(lambda n=name: verdicts(Store(fleet.data), n), 60, "verdicts")
         assert fleet_modes == verdicts(local, name)

@@ -39,7 +39,13 @@ from tasks.broker import (
 )
 from tasks.errors import FleetError, SpecRefused
 from tasks.outbox import Outbox, add_record
-from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, EnvironmentRecord, EnvironmentSpec
+from tasks.records import (
+    EnvironmentRecord,
+    EnvironmentSpec,
+    NotRun,
+    not_run_kind,
+    preflight_why,
+)
 from tasks.signing import HostKey, canonical_json, default_key_path
 from worker.config import load_allowlist, trusted_coordinator
 from worker.gate import HostState, Span, admit, rule_applies, run_planned
@@ -191,8 +197,9 @@ def execute(client: redis.Redis, spec: EnvironmentSpec, sent_at: float | None) -
 
 def command_mode_refused(record: EnvironmentRecord) -> bool:
     """Whether ``record`` is not run because this worker's allowlist refused its command mode."""
-    refused = f"{NOT_RUN_PREFLIGHT_PREFIX}command mode '{record.mode}' "
-    return record.outcome == "not-run" and (record.reason or "").startswith(refused)
+    return not_run_kind(record.outcome, record.reason) is NotRun.PREFLIGHT and preflight_why(
+        record.reason
+    ).startswith(f"command mode '{record.mode}' ")
 
 
 def count_refusal(client: redis.Redis, spec: EnvironmentSpec, reason: str) -> None:

@@ -30,11 +30,11 @@ from typing import Any, Protocol
 
 from tasks.errors import SandbenchError, SpecRefused
 from tasks.records import (
-    NOT_RUN_PREFLIGHT_PREFIX,
-    NOT_RUN_RULE,
     EnvironmentRecord,
     EnvironmentSpec,
+    NotRun,
     failed_fields,
+    not_run_reason,
 )
 from tasks.signing import HostKey, sign_record
 from tasks.spec_signing import check_spec
@@ -220,9 +220,9 @@ def _decide(
     """Preflight, then the rule, then the runner: the unsigned record (None if stopped)."""
     verdict = host.preflight(spec)
     if not verdict.ok:
-        return not_run(spec, NOT_RUN_PREFLIGHT_PREFIX + (verdict.reason or "unavailable"))
+        return not_run(spec, not_run_reason(NotRun.PREFLIGHT, verdict.reason or ""))
     if spec.kind == "environment" and failures.failed_before(spec):
-        return not_run(spec, NOT_RUN_RULE, RULE_DETAIL)
+        return not_run(spec, not_run_reason(NotRun.RULE), RULE_DETAIL)
     try:
         return run_environment(spec, host=host.info(), stop=stop, preflight=verdict)
     except Exception as exc:  # a harness error is data, never a lost environment

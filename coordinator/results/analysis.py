@@ -34,7 +34,14 @@ import pandas as pd
 from coordinator.plan import sentinel
 from coordinator.store.store import Campaign, Store
 from coordinator.store.views import CampaignView, RecordView, record_views
-from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec
+from tasks.records import (
+    NOT_RUN_RULE,
+    EnvironmentRecord,
+    EnvironmentSpec,
+    NotRun,
+    not_run_kind,
+    preflight_why,
+)
 
 ENVIRONMENT = "environment"  # a cell's environment (tasks.records.Kind)
 CI_MIN_N = 10
@@ -89,13 +96,11 @@ def workload_groups() -> dict[str, str]:
 
 
 def _status(outcome: str, reason: str | None) -> str:
+    """A record's status column: its outcome, a not-run split by its kind."""
     if outcome != "not-run":
         return outcome
-    return (
-        "not-run-preflight"
-        if (reason or "").startswith(NOT_RUN_PREFLIGHT_PREFIX)
-        else "not-run-rule"
-    )
+    kind = not_run_kind(outcome, reason)
+    return "not-run-preflight" if kind is NotRun.PREFLIGHT else "not-run-rule"
 
 
 def _row(r: EnvironmentRecord | RecordView) -> tuple[Any, ...]:
@@ -202,7 +207,7 @@ def _reason(g: pd.DataFrame, n: int) -> str:
         return ""
     pre = g[g["status"] == "not-run-preflight"]
     if len(pre):
-        return str(pre["reason"].iloc[0]).replace(NOT_RUN_PREFLIGHT_PREFIX, "preflight failed: ", 1)
+        return "preflight failed: " + preflight_why(str(pre["reason"].iloc[0]))
     failed = g[g["status"] == "failed"]
     parts = []
     if len(failed):

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from coordinator.store.hostlog import LOST_FILE
 from tasks.errors import StoreError
-from tasks.records import NOT_RUN_PREFLIGHT_PREFIX, NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec
+from tasks.records import EnvironmentRecord, EnvironmentSpec, NotRun, not_run_kind
 
 if TYPE_CHECKING:
     from coordinator.store.store import Store
@@ -72,14 +72,12 @@ def _cell_attempt(item: Judged) -> CellAttempt:
 
 def is_rule_not_run(record: Outcome) -> bool:
     """Whether ``record`` was skipped under the first-failure rule."""
-    return record.outcome == "not-run" and record.reason == NOT_RUN_RULE
+    return not_run_kind(record.outcome, record.reason) is NotRun.RULE
 
 
 def is_preflight_not_run(record: Outcome) -> bool:
     """Whether ``record`` was skipped because its mode's preflight failed."""
-    return record.outcome == "not-run" and (record.reason or "").startswith(
-        NOT_RUN_PREFLIGHT_PREFIX
-    )
+    return not_run_kind(record.outcome, record.reason) is NotRun.PREFLIGHT
 
 
 def _check_cell(planned: list[Judged], got: dict[str, Outcome]) -> list[Violation]:
@@ -98,11 +96,7 @@ def _check_cell(planned: list[Judged], got: dict[str, Outcome]) -> list[Violatio
             out.append(Violation(spec.key(), f"{rec.outcome} after the cell's first failure"))
         if failed_at is None and is_rule_not_run(rec):
             out.append(Violation(spec.key(), "not run under the rule, but no earlier failure"))
-        if (
-            rec.outcome == "not-run"
-            and rec.reason != NOT_RUN_RULE
-            and not is_preflight_not_run(rec)
-        ):
+        if rec.outcome == "not-run" and not_run_kind(rec.outcome, rec.reason) is None:
             out.append(Violation(spec.key(), f"not run for an unknown reason '{rec.reason}'"))
         if rec.outcome == "failed" and failed_at is None:
             failed_at = spec.order_index
