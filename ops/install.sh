@@ -125,6 +125,14 @@ install_venv() {
   fi
 }
 
+# The commit the provenance names: a venv has no git tree, so the repository's commit is recorded
+# in it (the wheelhouse is built from this repository: carry it with its .git).
+record_commit() {
+  local commit
+  commit="$(sb host harness-commit --repo "$REPO" --record)" || commit=unknown
+  say "harness commit: $commit"
+}
+
 # /usr/local/bin/sandbench: the command with this host's broker URL, home and store.
 install_wrapper() {
   mkdir -p "$(dirname "$WRAPPER")"
@@ -265,7 +273,7 @@ require_coordinator_key() {
 
 setup_worker() {
   check_broker_url; require_coordinator_key
-  [ -n "$root" ] || { ensure_packages; install_venv; }
+  [ -n "$root" ] || { ensure_packages; install_venv; record_commit; }
   # What Python knows, asked before anything is configured: the key, the names.
   if [ -n "$coordinator_key" ]; then
     sb host trust-coordinator "$coordinator_key" --home "$ETC" >/dev/null || die "the worker" \
@@ -288,7 +296,7 @@ setup_worker() {
 
 setup_coordinator() {
   check_broker_url
-  [ -n "$root" ] || { ensure_packages; install_venv; }
+  [ -n "$root" ] || { ensure_packages; install_venv; record_commit; }
   write_env; install_units; install_wrapper
   [ -n "$root" ] && return
   check_broker_answers

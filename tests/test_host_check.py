@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -112,3 +113,39 @@ def test_a_small_work_root_fails_disk_space(tmp_path: Path) -> None:
         subprocess.run(["umount", str(small)], check=True)
     assert not disk.ok and "tmpfs" in disk.detail and "--work-root DIR" in disk.fix
     assert overlay.ok, overlay.detail
+
+
+def test_an_installed_harness_names_the_commit_install_sh_recorded(tmp_path: Path) -> None:
+    """A harness run from a venv without a git tree names the commit recorded at install time."""
+    site = tmp_path / "site"  # the packages as pip installs them: no .git above them
+    for package in ("coordinator", "worker", "tasks", "workloads"):
+        shutil.copytree(
+            REPO / package, site / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    deps = next(Path(sys.prefix).glob("lib/python3*/site-packages"))
+    env = {**os.environ, "PYTHONPATH": f"{site}:{deps}"}
+    name = [str(venv / "bin" / "python"), "-c",
+            "from worker.provenance import harness_commit; print(harness_commit())"]  # fmt: skip
+
+    def named() -> str:
+        return subprocess.run(
+            name, env=env, cwd=tmp_path, capture_output=True, text=True, check=True
+        ).stdout
+
+    assert named().strip() == "unknown"  # nothing recorded yet, and no git tree
+    record = [str(venv / "bin" / "python"), "-m", "coordinator", "host", "harness-commit",
+              "--repo", str(REPO), "--record"]  # fmt: skip
+    printed = subprocess.run(
+        record, env=env, cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert printed.strip().removesuffix("-dirty") == head
+    assert named() == printed  # the installed harness names what install.sh recorded
+    assert (venv / "sandbench-commit").read_text() == printed
+    other = subprocess.run([*record[:-3], "--repo", str(tmp_path), "--record"], env=env,
+                           cwd=tmp_path, capture_output=True, text=True, check=True)  # fmt: skip
+    assert other.stdout.strip() == "unknown"  # not a repository: nothing recorded over it
+    assert named() == printed

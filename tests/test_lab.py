@@ -21,6 +21,7 @@ from testbed import lab as labmod
 from testbed.provision import ADD_LINE, INSTALL, WHEELS, Fleet, provision
 from tests.conftest import require, require_binary
 from tests.fleet_helpers import wait_until
+from worker.provenance import git_commit
 from worker.vm import guest, kernel, qemu
 
 pytestmark = [pytest.mark.lab, pytest.mark.vm, pytest.mark.slow]
@@ -165,6 +166,8 @@ def test_a_campaign_across_the_lab_survives_host_faults_and_leaves_nothing(
         facts = json.loads(sh(made, "lab-c", f"cat {data}/hosts/{name}/provenance.json"))
         clock = facts["clock_vs_broker"]
         assert abs(clock["offset_s"] - offset) < CLOCK_SLACK_S, (name, clock)
+        # installed from a wheelhouse into a venv (no git tree): the commit install.sh recorded
+        assert facts["harness"]["commit"] == git_commit(labmod.REPO), (name, facts["harness"])
     for name in fleet.workers:
         assert_nothing_left(made, name)
     print(f"lab faults: systemctl stop took {stop_s:.1f} s")

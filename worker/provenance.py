@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -14,11 +15,16 @@ from worker.modes import tool_commands
 
 REPO = Path(__file__).resolve().parents[1]
 GIT_TIMEOUT_S = 10
+# An installed harness (a venv, not a checkout) has no git tree: ops/install.sh writes the commit
+# of the repository it installed from into this file of the venv (``sys.prefix``).
+COMMIT_FILE = "sandbench-commit"
+COMMIT = re.compile(r"[0-9a-f]{40}(-dirty)?")
+UNKNOWN = "unknown"
 
 
-def _git(*args: str) -> subprocess.CompletedProcess[str]:
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["git", "-C", str(REPO), *args],
+        ["git", "-C", str(repo), *args],
         check=False,
         capture_output=True,
         text=True,
@@ -26,16 +32,28 @@ def _git(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def harness_commit() -> str:
-    """The harness's git commit (with ``-dirty`` when the tree has changes), or ``unknown``."""
+def git_commit(repo: Path) -> str:
+    """``repo``'s git commit (with ``-dirty`` when tracked files changed), or ``unknown``."""
     try:
-        head = _git("rev-parse", "HEAD")
-        dirty = _git("status", "--porcelain", "--untracked-files=no")
+        head = _git(repo, "rev-parse", "HEAD")
+        dirty = _git(repo, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    if head.returncode != 0:
-        return "unknown"
-    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        return UNKNOWN
+    commit = head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    return commit if head.returncode == 0 and COMMIT.fullmatch(commit) else UNKNOWN
+
+
+def harness_commit() -> str:
+    """The running harness's commit: its checkout's, else the one recorded in its venv at
+    install time (``COMMIT_FILE``), else ``unknown``."""
+    commit = git_commit(REPO)
+    if commit != UNKNOWN:
+        return commit
+    try:
+        recorded = (Path(sys.prefix) / COMMIT_FILE).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return UNKNOWN
+    return recorded if COMMIT.fullmatch(recorded) else UNKNOWN
 
 
 def collect(

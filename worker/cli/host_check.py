@@ -3,6 +3,8 @@
 Exit status 0 when every line is ok, 1 when one fails (the lines say what to do).
 ``sandbench host check-broker``: the broker of ``$SANDBENCH_BROKER`` answers with this host's
 password (``ops/install.sh`` asks it before it starts a unit); exit 2 with one line otherwise.
+``sandbench host harness-commit --repo DIR [--record]``: the commit the installed harness names
+in its provenance (a venv has no git tree; ``ops/install.sh`` records its repository's).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from tasks.files import write_atomic
 from tasks.options import broker_option
 from tasks.paths import DEFAULT_WORK_ROOT
 from worker.hostcheck import Check
@@ -56,6 +59,21 @@ def check_broker_cmd(broker: str | None) -> None:
     click.echo(f"broker at {broker_address(url)}: answers")
 
 
+@click.command("harness-commit")
+@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="The sandbench repository this host is installed from.")  # fmt: skip
+@click.option("--record", is_flag=True,
+              help="Also write it where the installed harness reads it (its venv).")  # fmt: skip
+def harness_commit_cmd(repo: Path, record: bool) -> None:
+    """Print the git commit of the repository at REPO (ops/install.sh records it)."""
+    from worker.provenance import COMMIT_FILE, UNKNOWN, git_commit
+
+    commit = git_commit(repo)
+    if record and commit != UNKNOWN:
+        write_atomic(Path(sys.prefix) / COMMIT_FILE, commit + "\n", mode=0o644)
+    click.echo(commit)
+
+
 def _text(line: Check) -> str:
     """One line of the report, and its fix on the next when it failed."""
     head = f"{'ok' if line.ok else 'FAIL':<5} {line.name:<{NAME_WIDTH}} {line.detail}"
@@ -63,6 +81,7 @@ def _text(line: Check) -> str:
 
 
 def register(host_group: click.Group, hosts_group: click.Group) -> None:
-    """Attach ``check`` and ``check-broker`` to the ``host`` group (nothing under ``hosts``)."""
+    """Attach ``check``, ``check-broker`` and ``harness-commit`` to the ``host`` group."""
     host_group.add_command(check)
     host_group.add_command(check_broker_cmd)
+    host_group.add_command(harness_commit_cmd)
