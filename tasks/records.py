@@ -23,7 +23,7 @@ Record format versions (bump ``SCHEMA_VERSION`` and list every change here):
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,6 +50,44 @@ REASONS: dict[str, FailureClass] = {
     "no-space": "resource",
     "quota-escaped": "resource",
 }
+
+
+def environment_key(
+    campaign: str, host: str, mode: str, workload: str, env_index: int, attempt: int
+) -> str:
+    """An environment's idempotency key, ``campaign/host/mode/workload/env_index/attempt``: the
+    one place it is spelled (specs, records and the store's fast views all call it)."""
+    return f"{campaign}/{host}/{mode}/{workload}/{env_index}/{attempt}"
+
+
+class CellAttempt(NamedTuple):
+    """The unit the first-failure rule judges: one attempt of one cell on one host."""
+
+    campaign: str
+    host: str
+    mode: str
+    workload: str
+    attempt: int
+
+
+class InCell(Protocol):
+    """Anything placed in a cell attempt: a spec, a record, or a fast view of either."""
+
+    @property
+    def campaign(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def workload(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+
+
+def cell_attempt(item: InCell) -> CellAttempt:
+    """The cell attempt ``item`` belongs to."""
+    return CellAttempt(item.campaign, item.host, item.mode, item.workload, item.attempt)
 
 
 class NotRun(StrEnum):
@@ -144,10 +182,9 @@ class EnvironmentSpec(BaseModel):
     spec_signature: str | None = None
 
     def key(self) -> str:
-        """Idempotency key: campaign, host, mode, workload, environment index, attempt."""
-        return (
-            f"{self.campaign}/{self.host}/{self.mode}/{self.workload}"
-            f"/{self.env_index}/{self.attempt}"
+        """The idempotency key (``environment_key``)."""
+        return environment_key(
+            self.campaign, self.host, self.mode, self.workload, self.env_index, self.attempt
         )
 
     def cell(self) -> tuple[str, str, str]:
@@ -235,10 +272,9 @@ class EnvironmentRecord(BaseModel):
     chain: ChainLink | None = None  # added by the store (coordinator), never by the host
 
     def key(self) -> str:
-        """Idempotency key, same shape as ``EnvironmentSpec.key``."""
-        return (
-            f"{self.campaign}/{self.host}/{self.mode}/{self.workload}"
-            f"/{self.env_index}/{self.attempt}"
+        """The idempotency key (``environment_key``)."""
+        return environment_key(
+            self.campaign, self.host, self.mode, self.workload, self.env_index, self.attempt
         )
 
     def to_json_dict(self) -> dict[str, Any]:

@@ -30,9 +30,11 @@ from typing import Any, Protocol
 
 from tasks.errors import SandbenchError, SpecRefused
 from tasks.records import (
+    CellAttempt,
     EnvironmentRecord,
     EnvironmentSpec,
     NotRun,
+    cell_attempt,
     failed_fields,
     not_run_reason,
 )
@@ -46,12 +48,6 @@ from worker.runner import run_environment
 log = logging.getLogger(__name__)
 
 RULE_DETAIL = "an earlier environment of this cell failed"
-CellAttempt = tuple[str, str, str, str, int]  # campaign, host, mode, workload, attempt
-
-
-def cell_attempt(item: EnvironmentSpec | EnvironmentRecord) -> CellAttempt:
-    """The cell attempt an environment belongs to: the unit the first-failure rule judges."""
-    return (item.campaign, item.host, item.mode, item.workload, item.attempt)
 
 
 def rule_applies(first_failed: int | None, spec: EnvironmentSpec) -> bool:

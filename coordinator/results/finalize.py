@@ -19,7 +19,7 @@ import msgspec
 
 from coordinator.results.report import write_report
 from coordinator.store.hostlog import LOST_FILE
-from coordinator.store.policy import Outcome, Violation, derive
+from coordinator.store.policy import JudgedRecord, Violation, derive
 from coordinator.store.progress import counted, fingerprint, planned_views, read_lost
 from coordinator.store.store import Store
 from coordinator.store.views import OUTCOME_DECODER
@@ -49,7 +49,7 @@ class Finalized:
         }
 
 
-def host_outcomes(store: Store, campaign: str, host: str) -> Sequence[Outcome]:
+def host_outcomes(store: Store, campaign: str, host: str) -> Sequence[JudgedRecord]:
     """``host``'s stored records as outcome views, the file read line by line (a line that is
     not a record as written sends it down the validating path, which names the line)."""
     try:

@@ -19,18 +19,25 @@ from pydantic import ValidationError
 
 from coordinator.store.hostlog import LOST_FILE
 from tasks.errors import StoreError
-from tasks.records import EnvironmentRecord, EnvironmentSpec, NotRun, not_run_kind
+from tasks.records import (
+    CellAttempt,
+    EnvironmentRecord,
+    EnvironmentSpec,
+    NotRun,
+    cell_attempt,
+    not_run_kind,
+)
 
 if TYPE_CHECKING:
     from coordinator.store.store import Store
     from coordinator.store.trust import HostRegistry
 
-CellAttempt = tuple[str, str, str, int]  # host, mode, workload, attempt
-
 
 class Judged(Protocol):
     """What the rule reads of a planned environment (a spec, or a fast view of one)."""
 
+    @property
+    def campaign(self) -> str: ...
     @property
     def host(self) -> str: ...
     @property
@@ -46,7 +53,7 @@ class Judged(Protocol):
     def key(self) -> str: ...
 
 
-class Outcome(Judged, Protocol):
+class JudgedRecord(Judged, Protocol):
     """What the rule reads of a record (an ``EnvironmentRecord``, or a fast view of one)."""
 
     @property
@@ -66,21 +73,17 @@ class Violation:
         return f"{self.key}: {self.problem}"
 
 
-def _cell_attempt(item: Judged) -> CellAttempt:
-    return (item.host, item.mode, item.workload, item.attempt)
-
-
-def is_rule_not_run(record: Outcome) -> bool:
+def is_rule_not_run(record: JudgedRecord) -> bool:
     """Whether ``record`` was skipped under the first-failure rule."""
     return not_run_kind(record.outcome, record.reason) is NotRun.RULE
 
 
-def is_preflight_not_run(record: Outcome) -> bool:
+def is_preflight_not_run(record: JudgedRecord) -> bool:
     """Whether ``record`` was skipped because its mode's preflight failed."""
     return not_run_kind(record.outcome, record.reason) is NotRun.PREFLIGHT
 
 
-def _check_cell(planned: list[Judged], got: dict[str, Outcome]) -> list[Violation]:
+def _check_cell(planned: list[Judged], got: dict[str, JudgedRecord]) -> list[Violation]:
     """Walk one cell attempt in planned order and compare every record with the rule."""
     out: list[Violation] = []
     failed_at: int | None = None
@@ -104,14 +107,14 @@ def _check_cell(planned: list[Judged], got: dict[str, Outcome]) -> list[Violatio
 
 
 def derive(
-    records: Sequence[Outcome],
+    records: Sequence[JudgedRecord],
     planned: Sequence[Judged],
     *,
     require_complete: bool = False,
 ) -> list[Violation]:
     """Every contradiction between ``records`` and the rule applied to the ``planned`` order."""
     out: list[Violation] = []
-    by_key: dict[str, Outcome] = {}
+    by_key: dict[str, JudgedRecord] = {}
     for rec in records:
         if rec.key() in by_key:
             out.append(Violation(rec.key(), "recorded more than once"))
@@ -124,7 +127,7 @@ def derive(
     ]
     cells: dict[CellAttempt, list[Judged]] = defaultdict(list)
     for spec in planned:
-        cells[_cell_attempt(spec)].append(spec)
+        cells[cell_attempt(spec)].append(spec)
         if require_complete and spec.key() not in by_key:
             out.append(Violation(spec.key(), "planned but has no record"))
     for specs in cells.values():

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from tasks.records import Outcome
+from tasks.records import Outcome, environment_key
 
 
 class RoundView(msgspec.Struct):
@@ -43,8 +43,9 @@ class _Identity(msgspec.Struct):
 
     def key(self) -> str:
         """The record's idempotency key (``EnvironmentRecord.key``)."""
-        parts = (self.campaign, self.host, self.mode, self.workload, self.env_index, self.attempt)
-        return "/".join(map(str, parts))
+        return environment_key(
+            self.campaign, self.host, self.mode, self.workload, self.env_index, self.attempt
+        )
 
 
 class RecordView(_Identity):
@@ -98,8 +99,9 @@ class PlannedView(msgspec.Struct):
 
     def key(self) -> str:
         """The environment's idempotency key (``EnvironmentSpec.key``)."""
-        parts = (self.campaign, self.host, self.mode, self.workload, self.env_index, self.attempt)
-        return "/".join(map(str, parts))
+        return environment_key(
+            self.campaign, self.host, self.mode, self.workload, self.env_index, self.attempt
+        )
 
 
 class CampaignView(msgspec.Struct):
