@@ -89,15 +89,6 @@ class Campaign:
         return sorted((s for s in self.specs if s.host == host), key=lambda s: s.order_index)
 
 
-@dataclass
-class RawLine:
-    """One line of a records file, before parsing (what ``verify`` inspects)."""
-
-    host: str
-    lineno: int
-    text: str
-
-
 class Store:
     """Campaigns under one data directory (``--data``, default ``./.data``)."""
 
@@ -391,17 +382,6 @@ class Store:
         lines = path.read_bytes().split(b"\n")
         return lines[:-1] if lines[-1] == b"" else lines
 
-    def raw_lines(self, campaign_id: str, host: str | None = None) -> Iterator[RawLine]:
-        """Every stored record line, unparsed, host by host."""
-        for h in [host] if host else self._record_hosts(campaign_id):
-            path = self.records_path(campaign_id, h)
-            if not path.exists():
-                continue
-            with open(path, encoding="utf-8", errors="replace") as f:
-                for n, text in enumerate(f, start=1):
-                    if text.strip():
-                        yield RawLine(h, n, text)
-
     def record_lines(
         self, campaign_id: str, host: str | None = None
     ) -> Iterator[tuple[Path, int, bytes]]:
@@ -417,23 +397,17 @@ class Store:
                     if line.strip():
                         yield path, n, line
 
-    def record_dicts(self, campaign_id: str, host: str | None = None) -> list[dict[str, Any]]:
-        """Every stored record as its JSON dict, unvalidated."""
-        return [
-            _parse_line(line, path, n, campaign_id)
-            for path, n, line in self.record_lines(campaign_id, host)
-        ]
-
     def records(self, campaign_id: str, host: str | None = None) -> list[EnvironmentRecord]:
         """Every stored record of a campaign (or one host), in file order."""
         out = []
-        for raw in self.raw_lines(campaign_id, host):
-            try:
-                out.append(EnvironmentRecord.model_validate_json(raw.text))
+        for path, n, line in self.record_lines(campaign_id, host):
+            try:  # bytes that are not UTF-8 replaced: the schema names what is wrong, not the codec
+                text = line.decode("utf-8", errors="replace")
+                out.append(EnvironmentRecord.model_validate_json(text))
             except ValidationError as exc:
                 raise StoreError(
-                    f"{self.records_path(campaign_id, raw.host)} line {raw.lineno}: not a valid "
-                    f"record ({exc.error_count()} errors); run 'sandbench verify {campaign_id}'"
+                    f"{path} line {n}: not a valid record ({exc.error_count()} errors); run "
+                    f"'sandbench verify {campaign_id}'"
                 ) from exc
         return out
 
@@ -447,17 +421,3 @@ def _json_object(path: Path, fix: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise StoreError(f"{path} is not a JSON object; {fix}")
     return data
-
-
-def _parse_line(line: bytes, path: Path, lineno: int, campaign_id: str) -> Any:
-    """One record line as JSON; bytes that are not UTF-8 are replaced, as ``raw_lines`` does."""
-    try:
-        return from_json(line)
-    except ValueError:
-        pass
-    try:
-        return from_json(line.decode("utf-8", errors="replace"))
-    except ValueError as exc:
-        raise StoreError(
-            f"{path} line {lineno}: not JSON; run 'sandbench verify {campaign_id}'"
-        ) from exc
