@@ -33,7 +33,7 @@ import pandas as pd
 
 from coordinator.plan import sentinel
 from coordinator.store.store import Campaign, Store
-from coordinator.store.views import CampaignView, RecordView, record_views
+from coordinator.store.views import CampaignView, PlannedView, RecordView, record_views
 from tasks.records import (
     NOT_RUN_RULE,
     EnvironmentRecord,
@@ -114,21 +114,9 @@ def _row(r: EnvironmentRecord | RecordView) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def _dict_row(r: dict[str, Any]) -> tuple[Any, ...]:
-    rounds = r.get("rounds") or []
-    return (
-        r["host"], r.get("cohort", "default"), r["mode"], r["workload"], r["env_index"],
-        r.get("attempt", 1), r.get("order_index", 0), _status(r["outcome"], r.get("reason")),
-        r.get("failure_class"), r.get("reason"), r.get("detail"), r.get("ready_ms"),
-        sum(x["task_s"] for x in rounds) if rounds else np.nan,
-        sum(1 for x in rounds if x["validated"]), len(rounds), r.get("superseded", False),
-        r["campaign"], r.get("kind", "environment"), r.get("started_at"), r.get("wall_s"),
-    )  # fmt: skip
-
-
 def records_frame(records: Sequence[Any]) -> pd.DataFrame:
-    """One row per record (model, view or JSON dict): identity, outcome, Ready, task time."""
-    rows = [_dict_row(r) if isinstance(r, dict) else _row(r) for r in records]
+    """One row per record (model or view): identity, outcome, Ready, task time."""
+    rows = [_row(r) for r in records]
     cols = [*ENV_KEYS, "order_index", "status", "failure_class", "reason", "detail", "ready_ms",
             "task_s", "valid_rounds", "rounds", "superseded_flag", "campaign", "kind",
             "started_at", "wall_s"]  # fmt: skip
@@ -137,15 +125,12 @@ def records_frame(records: Sequence[Any]) -> pd.DataFrame:
 
 
 def planned_frame(planned: Sequence[EnvironmentSpec] | Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """One row per planned environment (specs or their stored JSON dicts)."""
+    """One row per planned environment (specs, views, or stored JSON dicts read as views)."""
+    views = (msgspec.convert(s, PlannedView) if isinstance(s, dict) else s for s in planned)
     rows = [
-        (s["host"], s.get("cohort", "default"), s["mode"], s["workload"], s["env_index"],
-         s.get("attempt", 1), s.get("order_index", 0), s.get("kind", "environment"))
-        if isinstance(s, dict)
-        else (s.host, s.cohort, s.mode, s.workload, s.env_index, s.attempt, s.order_index,
-              s.kind)
-        for s in planned
-    ]  # fmt: skip
+        (s.host, s.cohort, s.mode, s.workload, s.env_index, s.attempt, s.order_index, s.kind)
+        for s in views
+    ]
     return pd.DataFrame(rows, columns=[*ENV_KEYS, "order_index", "kind"])
 
 
@@ -357,7 +342,7 @@ def _order(env: pd.DataFrame, mode_order: list[str], workload_order: list[str]) 
 
 
 def analyze(
-    records: Sequence[EnvironmentRecord] | Sequence[RecordView] | Sequence[dict[str, Any]],
+    records: Sequence[EnvironmentRecord] | Sequence[RecordView],
     planned: Sequence[EnvironmentSpec] | Any,
     *,
     seed: int | None = None,

@@ -14,7 +14,11 @@ from typing import Any
 
 import msgspec
 
-from tasks.records import Outcome, environment_key
+from tasks.records import EnvironmentRecord, EnvironmentSpec, Outcome, environment_key
+
+# The views' defaults are the schema's (one place): a field a line leaves out reads as the model.
+_RECORD = {name: field.default for name, field in EnvironmentRecord.model_fields.items()}
+_SPEC = {name: field.default for name, field in EnvironmentSpec.model_fields.items()}
 
 
 class RoundView(msgspec.Struct):
@@ -39,7 +43,7 @@ class _Identity(msgspec.Struct):
     workload: str
     env_index: int
     outcome: Outcome
-    attempt: int = 1
+    attempt: int = _RECORD["attempt"]
 
     def key(self) -> str:
         """The record's idempotency key (``EnvironmentRecord.key``)."""
@@ -51,18 +55,18 @@ class _Identity(msgspec.Struct):
 class RecordView(_Identity):
     """The fields of a stored record the statistics read."""
 
-    cohort: str = "default"
-    order_index: int = 0
-    failure_class: str | None = None
-    reason: str | None = None
-    detail: str | None = None
-    ready_ms: float | None = None
+    cohort: str = _RECORD["cohort"]
+    order_index: int = _RECORD["order_index"]
+    failure_class: str | None = _RECORD["failure_class"]
+    reason: str | None = _RECORD["reason"]
+    detail: str | None = _RECORD["detail"]
+    ready_ms: float | None = _RECORD["ready_ms"]
     rounds: list[RoundView] = msgspec.field(default_factory=list)
-    superseded: bool = False
-    signature: SignatureView | None = None
-    kind: str = "environment"  # or "sentinel" (coordinator.plan.sentinel)
-    started_at: str | None = None
-    wall_s: float | None = None
+    superseded: bool = _RECORD["superseded"]
+    signature: SignatureView | None = _RECORD["signature"]
+    kind: str = _RECORD["kind"]  # or "sentinel" (coordinator.plan.sentinel)
+    started_at: str | None = _RECORD["started_at"]
+    wall_s: float | None = _RECORD["wall_s"]
 
 
 RECORD_DECODER = msgspec.json.Decoder(RecordView)
@@ -71,9 +75,9 @@ RECORD_DECODER = msgspec.json.Decoder(RecordView)
 class OutcomeView(_Identity):
     """What finalization and the first-failure rule read of a stored record: identity, outcome."""
 
-    order_index: int = 0
-    reason: str | None = None
-    kind: str = "environment"
+    order_index: int = _RECORD["order_index"]
+    reason: str | None = _RECORD["reason"]
+    kind: str = _RECORD["kind"]
 
 
 OUTCOME_DECODER = msgspec.json.Decoder(OutcomeView)
@@ -92,10 +96,10 @@ class PlannedView(msgspec.Struct):
     mode: str
     workload: str
     env_index: int
-    cohort: str = "default"
-    attempt: int = 1
-    order_index: int = 0
-    kind: str = "environment"
+    cohort: str = _SPEC["cohort"]
+    attempt: int = _SPEC["attempt"]
+    order_index: int = _SPEC["order_index"]
+    kind: str = _SPEC["kind"]
 
     def key(self) -> str:
         """The environment's idempotency key (``EnvironmentSpec.key``)."""
