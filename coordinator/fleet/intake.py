@@ -149,7 +149,9 @@ class Intake:
         if not self.pending:
             return
         hosts = sorted(self.pending)
-        if any(self.coordinator.maybe_finalize(*h, outbox=self.events) for h in hosts):
+        # every host is asked (a list, not a generator: any() would stop at the first)
+        asked = [self.coordinator.maybe_finalize(*h, outbox=self.events) for h in hosts]
+        if any(asked):
             self.events.flush()  # the finalize_host messages, in one transaction
         self.pending.difference_update(hosts)
 

@@ -24,8 +24,6 @@ from tasks.records import EnvironmentRecord, EnvironmentSpec
 
 log = logging.getLogger("sandbench.coordinator")
 
-ENV_KEY = "{campaign}/{host}/{mode}/{workload}/{env_index}/{attempt}"  # EnvironmentRecord.key
-
 
 @dataclass
 class HostProgress:
@@ -74,18 +72,15 @@ def fingerprint(
     return f"{len(planned & received)}+{len(planned & (lost - received))}/{len(planned)}"
 
 
-_RECEIVED: dict[Path, tuple[int, set[str]]] = {}
-_RECEIVED_LOCK = threading.Lock()  # the task thread and the sweep thread share the index
+def received_keys(store: Store, path: Path) -> set[str]:
+    """Keys of the records in ``path``, reading only what was appended since ``store`` last
+    looked (its ``received_cache``)."""
+    with store.cache_lock:
+        return _received_keys(store.received_cache, path)
 
 
-def received_keys(path: Path) -> set[str]:
-    """Keys of the records in ``path``, reading only what was appended since the last call."""
-    with _RECEIVED_LOCK:
-        return _received_keys(path)
-
-
-def _received_keys(path: Path) -> set[str]:
-    offset, keys = _RECEIVED.get(path, (0, set()))
+def _received_keys(cache: dict[Path, tuple[int, set[str]]], path: Path) -> set[str]:
+    offset, keys = cache.get(path, (0, set()))
     size = path.stat().st_size if path.exists() else 0
     if size < offset:  # replaced: start over
         offset, keys = 0, set()
@@ -94,7 +89,7 @@ def _received_keys(path: Path) -> set[str]:
             if line.strip():
                 keys.add(line_key(line[:-1]))  # a few fields decoded: no model validation
             offset += len(line)
-    _RECEIVED[path] = (offset, keys)
+    cache[path] = (offset, keys)
     return set(keys)
 
 
@@ -155,21 +150,18 @@ class _Planned:
             return self._raw
 
 
-_CAMPAIGNS: dict[tuple[str, str], _Planned] = {}
-
-
 def _planned(store: Store, campaign: str) -> _Planned:
-    """The cached read of ``campaign``'s campaign.json (read again only when it changed)."""
+    """The read of ``campaign``'s campaign.json kept in ``store`` (read again only when the file
+    changed)."""
     path = store.campaign_dir(campaign) / CAMPAIGN_FILE
     try:
         mtime = path.stat().st_mtime_ns
     except FileNotFoundError:
         store.load_campaign(campaign)  # raises the store's own error
         raise
-    slot = (str(store.root), campaign)
-    cached = _CAMPAIGNS.get(slot)
-    if cached is None or cached.mtime != mtime:
-        cached = _CAMPAIGNS[slot] = _Planned(store, campaign, mtime)
+    cached = store.progress_cache.get(campaign)
+    if not isinstance(cached, _Planned) or cached.mtime != mtime:
+        cached = store.progress_cache[campaign] = _Planned(store, campaign, mtime)
     return cached
 
 
@@ -202,7 +194,7 @@ def host_progress(store: Store, campaign: str, host: str, *, parse: bool = False
     known = _planned(store, campaign)
     path = store.records_path(campaign, host)
     records = {r.key(): r for r in store.records(campaign, host)} if parse else {}
-    received = set(records) if parse else received_keys(path)
+    received = set(records) if parse else received_keys(store, path)
     lost = read_lost(store.host_dir(campaign, host) / LOST_FILE)
     lost = {k: v for k, v in lost.items() if k not in received}
     return HostProgress(host, known.host_keys(host), received, lost, records,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -98,6 +99,11 @@ class Store:
         self.root = Path(data_dir)
         self._signer = signer
         self._logs: dict[tuple[str, str], HostLog] = {}  # appends need not re-read a file
+        # What coordinator.store.progress has read of this store (campaign files, record keys):
+        # the store's own state, not the module's, so two stores never share it.
+        self.progress_cache: dict[str, Any] = {}
+        self.received_cache: dict[Path, tuple[int, set[str]]] = {}
+        self.cache_lock = threading.Lock()  # the intake, task and sweep threads share them
 
     @property
     def signer(self) -> CoordinatorKey:
