@@ -33,6 +33,7 @@ import psutil
 
 from tasks.errors import ModeUnavailable
 from tasks.paths import sandbench_home
+from worker.procs import kill_tree
 
 STATE_DIR_ENV = "SANDBENCH_DOCKER_DIR"
 STATE_SUBDIR = "docker"  # under $SANDBENCH_HOME
@@ -347,7 +348,7 @@ class Dockerd:
                 raise DockerdError(f"dockerd exited while starting; {self._log_tail()}")
             time.sleep(POLL_S)
         if pid is not None:
-            _kill_tree(pid)
+            kill_tree(pid)
         raise DockerdError(f"dockerd did not answer within {timeout:.0f} s; {self._log_tail()}")
 
     def _log_tail(self) -> str:
@@ -386,7 +387,7 @@ class Dockerd:
         for proc in psutil.process_iter(["cmdline"]):
             cmdline = proc.info["cmdline"] or []
             if any(exec_root in arg for arg in cmdline):
-                _kill_tree(proc.pid)
+                kill_tree(proc.pid)
 
     def mounts(self) -> list[Path]:
         """Mount points under the state directory (overlays, netns), deepest first."""
@@ -423,17 +424,4 @@ def _terminate(pid: int, timeout: float) -> None:
     except psutil.NoSuchProcess:
         return
     except psutil.TimeoutExpired:
-        _kill_tree(pid)
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and all its descendants, and reap what we can."""
-    try:
-        root = psutil.Process(pid)
-        procs = [*root.children(recursive=True), root]
-    except psutil.NoSuchProcess:
-        return
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    psutil.wait_procs(procs, timeout=5)
+        kill_tree(pid)

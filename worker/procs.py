@@ -13,9 +13,13 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import psutil
+
+from worker import ledger
 from worker.quota import Cgroup
 
 REAP_WAIT_S = 5.0
+KILL_POLL_S = 0.02
 EXIT_ABANDONED = 125  # a child whose runner vanished before the marker exits with this
 
 
@@ -29,6 +33,33 @@ def kill_process(proc: subprocess.Popen[Any], cgroup: Cgroup | None = None) -> N
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
     proc.wait(timeout=REAP_WAIT_S)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and all its descendants (a daemon not in a cgroup of ours), and reap
+    what we can."""
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(procs, timeout=REAP_WAIT_S)
+
+
+def kill_and_wait(pid: int, wait_s: float = REAP_WAIT_S) -> bool:
+    """SIGKILL ``pid`` (not our child: e.g. named by a pid file) and wait until it is gone or a
+    zombie; True if it went within ``wait_s``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while ledger.process_start(pid) is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(KILL_POLL_S)
+    return True
 
 
 def close_pipes(proc: subprocess.Popen[Any]) -> None:

@@ -28,7 +28,6 @@ import ctypes
 import json
 import logging
 import os
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any, Protocol
 from tasks.errors import SandbenchError
 from worker import ledger
 from worker.cgroup import PARENT_NAME, Cgroup, cgroup_mounts, detect
+from worker.procs import kill_and_wait
 from worker.vm import virtiofs
 from worker.workroot import remove_tree
 
@@ -229,22 +229,10 @@ def kill_pidfiles(base: Path, result: Reaped) -> None:
         if not any(arg.endswith(str(pidfile).encode()) for arg in cmdline):
             continue  # the pid was reused by a process that is not ours
         name = cmdline[0].decode(errors="replace").rsplit("/", 1)[-1]
-        if _kill_and_wait(pid):
+        if kill_and_wait(pid, KILL_WAIT_S):
             result.add("process", f"{pid} {name} (pid file {pidfile})")
         else:
             result.problem(f"process {pid} ({pidfile}) survives SIGKILL")
-
-
-def _kill_and_wait(pid: int) -> bool:
-    """SIGKILL ``pid`` and wait until it is gone (or a zombie); True if it went."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + KILL_WAIT_S
-    while ledger.process_start(pid) is not None:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(POLL_S)
-    return True
 
 
 # -- cgroups ------------------------------------------------------------------------------
@@ -274,7 +262,7 @@ def reap_cgroup(cgroup: Cgroup, result: Reaped) -> None:
         result.problem(str(exc))
     for directory in dirs:  # what the abstraction does not cover (a container's own cgroups)
         for pid in _procs(directory):
-            if not _kill_and_wait(pid):
+            if not kill_and_wait(pid, KILL_WAIT_S):
                 result.problem(f"process {pid} in {directory} survives SIGKILL")
     for pid, comm in pids:
         result.add("process", f"{pid} {comm} (cgroup {cgroup.path})")
