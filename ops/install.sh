@@ -8,8 +8,9 @@
 #
 # Offline (no internet on the lab host): --wheels DIR installs sandbench and its dependencies from
 # a wheelhouse built on a connected machine of the same distribution and Python, with
-#   python3 -m pip wheel --wheel-dir wheels /path/to/sandbench
-# and takes the system packages as they are: a missing one is named (and nothing installed)
+#   python3 -m pip wheel --wheel-dir wheels /path/to/sandbench &&
+#   git -C /path/to/sandbench rev-parse HEAD > wheels/sandbench-commit
+# (the commit the provenance names) and takes the system packages as they are: a missing one is named (and nothing installed)
 # instead of failing inside apt. Online, only the missing packages are installed.
 #
 # The coordinator role creates the coordinator's Ed25519 key and exports its public half to
@@ -125,11 +126,12 @@ install_venv() {
   fi
 }
 
-# The commit the provenance names: a venv has no git tree, so the repository's commit is recorded
-# in it (the wheelhouse is built from this repository: carry it with its .git).
+# The commit the provenance names: a venv has no git tree, so the commit installed is recorded in
+# it: the wheelhouse's (its sandbench-commit, written when it was built), else this repository's.
 record_commit() {
-  local commit
-  commit="$(sb host harness-commit --repo "$REPO" --record)" || commit=unknown
+  local commit from=()
+  [ -z "$wheels" ] || from=(--wheels "$wheels")
+  commit="$(sb host harness-commit --repo "$REPO" "${from[@]}" --record)" || commit=unknown
   say "harness commit: $commit"
 }
 

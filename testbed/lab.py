@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tasks.errors import LabError
+from worker.provenance import COMMIT_FILE, git_commit
 from worker.vm import guest, initramfs, kernel, qemu
 
 REPO = Path(__file__).resolve().parents[1]
@@ -406,6 +407,8 @@ def build_wheels(lab: Lab, python: str = sys.executable) -> Path:
     )  # fmt: skip
     if proc.returncode != 0:
         raise LabError(f"pip wheel failed: {proc.stderr.strip()[-800:]}")
+    # the commit the wheels were built from, which install.sh records (README's command does too)
+    (wheels / COMMIT_FILE).write_text(git_commit(REPO) + "\n")
     return wheels
 
 

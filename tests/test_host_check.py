@@ -149,3 +149,18 @@ def test_an_installed_harness_names_the_commit_install_sh_recorded(tmp_path: Pat
                            cwd=tmp_path, capture_output=True, text=True, check=True)  # fmt: skip
     assert other.stdout.strip() == "unknown"  # not a repository: nothing recorded over it
     assert named() == printed
+
+
+def test_a_wheelhouse_commit_comes_before_the_repository(tmp_path: Path) -> None:
+    """``--wheels DIR`` names the commit the wheelhouse was built from; a bad file is ignored."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    argv = [sys.executable, "-m", "coordinator", "host", "harness-commit", "--repo", str(REPO),
+            "--wheels", str(wheels)]  # fmt: skip
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    built = "0123456789abcdef0123456789abcdef01234567"
+    for text, named in ((f"{built}\n", built), ("not a commit\n", head)):
+        (wheels / "sandbench-commit").write_text(text)
+        out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True).stdout
+        assert out.strip().removesuffix("-dirty") == named

@@ -47,10 +47,13 @@ def harness_commit() -> str:
     """The running harness's commit: its checkout's, else the one recorded in its venv at
     install time (``COMMIT_FILE``), else ``unknown``."""
     commit = git_commit(REPO)
-    if commit != UNKNOWN:
-        return commit
+    return commit if commit != UNKNOWN else recorded_commit(Path(sys.prefix) / COMMIT_FILE)
+
+
+def recorded_commit(path: Path) -> str:
+    """The commit a ``COMMIT_FILE`` holds (a venv's, or a wheelhouse's), or ``unknown``."""
     try:
-        recorded = (Path(sys.prefix) / COMMIT_FILE).read_text(encoding="ascii").strip()
+        recorded = path.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
         return UNKNOWN
     return recorded if COMMIT.fullmatch(recorded) else UNKNOWN

@@ -62,13 +62,17 @@ def check_broker_cmd(broker: str | None) -> None:
 @click.command("harness-commit")
 @click.option("--repo", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="The sandbench repository this host is installed from.")  # fmt: skip
+@click.option("--wheels", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="A wheelhouse: the commit it was built from (its sandbench-commit) comes "
+              "first.")  # fmt: skip
 @click.option("--record", is_flag=True,
               help="Also write it where the installed harness reads it (its venv).")  # fmt: skip
-def harness_commit_cmd(repo: Path, record: bool) -> None:
-    """Print the git commit of the repository at REPO (ops/install.sh records it)."""
-    from worker.provenance import COMMIT_FILE, UNKNOWN, git_commit
+def harness_commit_cmd(repo: Path, wheels: Path | None, record: bool) -> None:
+    """Print the commit being installed: the wheelhouse's, else the repository's at REPO."""
+    from worker.provenance import COMMIT_FILE, UNKNOWN, git_commit, recorded_commit
 
-    commit = git_commit(repo)
+    commit = recorded_commit(wheels / COMMIT_FILE) if wheels is not None else UNKNOWN
+    commit = commit if commit != UNKNOWN else git_commit(repo)
     if record and commit != UNKNOWN:
         write_atomic(Path(sys.prefix) / COMMIT_FILE, commit + "\n", mode=0o644)
     click.echo(commit)
