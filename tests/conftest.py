@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.records import EnvironmentSpec
+
 IN_CI = bool(os.environ.get("CI"))
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,3 +57,15 @@ def files_of(root: Path) -> dict[str, bytes | None]:
         str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
         for p in sorted(root.rglob("*"))
     }
+
+
+def mode_spec(mode: str, workload: str, work_root: Path, /, **overrides: object) -> EnvironmentSpec:
+    """An environment of ``workload`` in ``mode`` at the mode tests' scale (0.02, 3 rounds),
+    campaign ``t-<mode>``; ``overrides`` replace any field."""
+    fields: dict[str, object] = {
+        "campaign": f"t-{mode}", "host": "local", "mode": mode, "workload": workload,
+        "env_index": 0, "seed": 7, "scale": 0.02, "rounds": 3, "limit_s": 90.0,
+        "work_root": str(work_root),
+    }  # fmt: skip
+    fields.update(overrides)
+    return EnvironmentSpec(**fields)  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from tasks.records import EnvironmentSpec, Quota
-from tests.conftest import REPO, require_binary
+from tests.conftest import REPO, mode_spec, require_binary
 from tests.container_probe import PROBE
 from tests.nsjail_probe import launch
 from worker import quota as cgroups
@@ -52,20 +52,7 @@ def dockerd() -> Iterator[Dockerd]:
 
 def spec_for(workload: str, work_root: Path, **overrides: object) -> EnvironmentSpec:
     """A docker-mode environment of ``workload`` at the test scale."""
-    fields: dict[str, object] = {
-        "campaign": "t-docker",
-        "host": "local",
-        "mode": "docker",
-        "workload": workload,
-        "env_index": 0,
-        "seed": 7,
-        "scale": SCALE,
-        "rounds": 3,
-        "limit_s": 90.0,
-        "work_root": str(work_root),
-    }
-    fields.update(overrides)
-    return EnvironmentSpec(**fields)  # type: ignore[arg-type]
+    return mode_spec("docker", workload, work_root, **overrides)
 
 
 def assert_no_containers(daemon: Dockerd) -> None:

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from tasks.records import EnvironmentSpec, Quota
-from tests.conftest import REPO, require_binary
+from tests.conftest import REPO, mode_spec, require_binary
 from tests.leftovers import NOTHING, hold, holding_python, leftovers
 from tests.nsjail_probe import (
     ALLOCATING_PYTHON,
@@ -45,20 +45,7 @@ def require_runsc() -> str:
 
 def spec_for(workload: str, work_root: Path, **fields: object) -> EnvironmentSpec:
     """A gvisor-mode environment of ``workload`` at the test scale."""
-    values: dict[str, object] = {
-        "campaign": "t-gvisor",
-        "host": "local",
-        "mode": "gvisor",
-        "workload": workload,
-        "env_index": 0,
-        "seed": 7,
-        "scale": SCALE,
-        "rounds": 3,
-        "limit_s": 90.0,
-        "work_root": str(work_root),
-    }
-    values.update(fields)
-    return EnvironmentSpec(**values)  # type: ignore[arg-type]
+    return mode_spec("gvisor", workload, work_root, **fields)
 
 
 def test_preflight_names_version_platform_and_flags() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from tasks.paths import TOOLS_ENV
 from tasks.records import EnvironmentSpec, Quota
-from tests.conftest import REPO, require
+from tests.conftest import REPO, mode_spec, require
 from tests.leftovers import NOTHING, hold, holding_python, leftovers
 from tests.nsjail_probe import (
     ALLOCATING_PYTHON,
@@ -51,20 +51,7 @@ def require_nsjail() -> Path:
 
 def spec_for(workload: str, work_root: Path, **fields: object) -> EnvironmentSpec:
     """An nsjail-mode environment of ``workload`` at the test scale."""
-    values: dict[str, object] = {
-        "campaign": "t-nsjail",
-        "host": "local",
-        "mode": "nsjail",
-        "workload": workload,
-        "env_index": 0,
-        "seed": 7,
-        "scale": SCALE,
-        "rounds": 3,
-        "limit_s": 90.0,
-        "work_root": str(work_root),
-    }
-    values.update(fields)
-    return EnvironmentSpec(**values)  # type: ignore[arg-type]
+    return mode_spec("nsjail", workload, work_root, **fields)
 
 
 def test_preflight_names_the_pinned_binary() -> None:

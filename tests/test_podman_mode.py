@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from tasks.records import EnvironmentSpec, Quota
-from tests.conftest import REPO, require_binary
+from tests.conftest import REPO, mode_spec, require_binary
 from tests.container_probe import HOG, PROBE
 from worker import quota as cgroups
 from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo
@@ -56,20 +56,7 @@ def store() -> Iterator[Podman]:
 
 def spec_for(workload: str, work_root: Path, **overrides: object) -> EnvironmentSpec:
     """A podman-mode environment of ``workload`` at the test scale."""
-    fields: dict[str, object] = {
-        "campaign": "t-podman",
-        "host": "local",
-        "mode": "podman",
-        "workload": workload,
-        "env_index": 0,
-        "seed": 7,
-        "scale": SCALE,
-        "rounds": 3,
-        "limit_s": 90.0,
-        "work_root": str(work_root),
-    }
-    fields.update(overrides)
-    return EnvironmentSpec(**fields)  # type: ignore[arg-type]
+    return mode_spec("podman", workload, work_root, **overrides)
 
 
 def conmons(store: Podman) -> list[int]:

@@ -23,6 +23,7 @@ from tasks.records import (
     CellAttempt,
     EnvironmentRecord,
     EnvironmentSpec,
+    InCell,
     NotRun,
     cell_attempt,
     not_run_kind,
@@ -33,19 +34,10 @@ if TYPE_CHECKING:
     from coordinator.store.trust import HostRegistry
 
 
-class Judged(Protocol):
-    """What the rule reads of a planned environment (a spec, or a fast view of one)."""
+class Judged(InCell, Protocol):
+    """What the rule reads of a planned environment (a spec, or a fast view of one): its cell
+    attempt (``InCell``), its place in the run order, its kind and key."""
 
-    @property
-    def campaign(self) -> str: ...
-    @property
-    def host(self) -> str: ...
-    @property
-    def mode(self) -> str: ...
-    @property
-    def workload(self) -> str: ...
-    @property
-    def attempt(self) -> int: ...
     @property
     def order_index(self) -> int: ...
     @property
