@@ -11,8 +11,8 @@
 #   python3 -m pip wheel --wheel-dir wheels /path/to/sandbench &&
 #   git -C /path/to/sandbench rev-parse HEAD > wheels/sandbench-commit
 # (the commit the provenance names) and takes the system packages as they are: a missing one
-# is named (and nothing installed)
-# instead of failing inside apt. Online, only the missing packages are installed.
+# is named (and nothing installed) instead of failing inside apt. Online, only the missing
+# packages are installed.
 #
 # The coordinator role creates the coordinator's Ed25519 key and exports its public half to
 # /etc/sandbench/coordinator.pub: copy that file to each worker for --coordinator-key. A worker
