@@ -32,7 +32,7 @@ RUN python3 -m venv /opt/sandbench/venv \
 COPY README.md ./
 COPY coordinator ./coordinator
 COPY worker ./worker
-COPY tasks ./tasks
+COPY contract ./contract
 COPY workloads ./workloads
 COPY ops ./ops
 COPY testbed ./testbed

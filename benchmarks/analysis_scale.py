@@ -28,11 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from coordinator.results.analysis import analyze
-from coordinator.results.report import write_report
-from coordinator.store.store import Store
-from coordinator.store.views import record_views
-from tasks.records import (
+from contract.records import (
     NOT_RUN_RULE,
     EnvironmentRecord,
     EnvironmentSpec,
@@ -41,7 +37,11 @@ from tasks.records import (
     Signature,
     failed_fields,
 )
-from tasks.signing import CoordinatorKey
+from contract.signing import CoordinatorKey
+from coordinator.results.analysis import analyze
+from coordinator.results.report import write_report
+from coordinator.store.store import Store
+from coordinator.store.views import record_views
 from worker.modes import BUILTIN_MODES
 from workloads.registry import WORKLOADS
 

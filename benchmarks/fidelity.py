@@ -43,8 +43,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.records import EnvironmentSpec, Quota
-from worker import quota as cgroups
+from contract.records import EnvironmentSpec, Quota
+from worker import cgroups
 from worker.channel import Channel
 from worker.modes import HostInfo, get_mode
 from worker.modes.base import PAYLOAD_PYTHON

@@ -30,12 +30,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from contract.app import TASK_RUN, create_app, host_queue  # noqa: E402
+from contract.records import EnvironmentSpec  # noqa: E402
+from contract.spec_signing import check_spec  # noqa: E402
 from coordinator.fleet.coordinator import STORED_AT_KEY  # noqa: E402
 from coordinator.fleet.dispatch import dispatch_specs, send_specs, with_task_ids  # noqa: E402
 from coordinator.store.store import Store  # noqa: E402
-from tasks.app import TASK_RUN, create_app, host_queue  # noqa: E402
-from tasks.records import EnvironmentSpec  # noqa: E402
-from tasks.spec_signing import check_spec  # noqa: E402
 from tests.fleet_helpers import OPS_APPENDFSYNC, Fleet, wait_until  # noqa: E402
 
 HOSTS = [f"lab-{i:02d}" for i in range(20)]  # the reference study on 20 hosts

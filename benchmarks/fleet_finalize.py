@@ -30,13 +30,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from contract.records import EnvironmentRecord, RoundRecord, failed_fields  # noqa: E402
+from contract.signing import COORDINATOR_KEY_FILE, HostKey, sign_record  # noqa: E402
 from coordinator.fleet.dispatch import with_task_ids  # noqa: E402
 from coordinator.plan.campaign import expand  # noqa: E402
 from coordinator.plan.file import parse_plan  # noqa: E402
 from coordinator.store.store import Store  # noqa: E402
 from coordinator.store.trust import REGISTRY_FILE, HostRegistry, own_coordinator_key  # noqa: E402
-from tasks.records import EnvironmentRecord, RoundRecord, failed_fields  # noqa: E402
-from tasks.signing import COORDINATOR_KEY_FILE, HostKey, sign_record  # noqa: E402
 
 PLAN = """
 name = "finalizer-benchmark"
@@ -106,8 +106,8 @@ def finalize_child(root: str) -> None:
     import redis
 
     import coordinator.results.report  # imported before the base is taken (pandas)
+    from contract.app import create_app
     from coordinator.fleet.coordinator import Coordinator
-    from tasks.app import create_app
 
     base_kib = peak_rss_kib()
     store = Store(Path(root) / "data")

@@ -5,7 +5,7 @@ coordinator``, its registry trusting 200 host keys); no environment runs. A load
 holds one record per planned environment of a campaign of 200 hosts (10 workloads x 15
 environments each, plus the sentinel's points), each signed by its host's key, and sends them
 through the real ``store_record`` task path: one task message per record on queue
-``records``, written as a lab host's hand-over writes it (``tasks.outbox.add_record``), taken by
+``records``, written as a lab host's hand-over writes it (``contract.outbox.add_record``), taken by
 the coordinator's intake (``coordinator.fleet.intake``: batches, group commit). A first campaign is
 queued all at once: records stored per second (the coordinator's capacity) beside the target.
 A second is offered at ``RATE`` records per second in small batches (each host's records in
@@ -33,17 +33,17 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from contract.app import create_app  # noqa: E402
+from contract.broker import HOST_ALIVE_KEY, HOST_ALIVE_REFRESH_S, HOST_ALIVE_TTL_S  # noqa: E402
+from contract.outbox import Outbox, add_record  # noqa: E402
+from contract.records import EnvironmentRecord, RoundRecord  # noqa: E402
+from contract.signing import COORDINATOR_KEY_FILE, HostKey, sign_record  # noqa: E402
 from coordinator.fleet.coordinator import FINALIZED_KEY, REJECTED_KEY, STORED_AT_KEY  # noqa: E402
 from coordinator.fleet.dispatch import watch_campaign, with_task_ids  # noqa: E402
 from coordinator.plan.campaign import expand  # noqa: E402
 from coordinator.plan.file import parse_plan  # noqa: E402
 from coordinator.store.store import Store  # noqa: E402
 from coordinator.store.trust import HostRegistry, own_coordinator_key  # noqa: E402
-from tasks.app import create_app  # noqa: E402
-from tasks.broker import HOST_ALIVE_KEY, HOST_ALIVE_REFRESH_S, HOST_ALIVE_TTL_S  # noqa: E402
-from tasks.outbox import Outbox, add_record  # noqa: E402
-from tasks.records import EnvironmentRecord, RoundRecord  # noqa: E402
-from tasks.signing import COORDINATOR_KEY_FILE, HostKey, sign_record  # noqa: E402
 from tests.fleet_helpers import PYTHON, Proc, RedisServer, wait_until  # noqa: E402
 
 HOSTS = [f"lab-{i:03d}" for i in range(200)]

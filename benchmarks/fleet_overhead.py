@@ -34,12 +34,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.traced import TRACE_ENV  # noqa: E402
+from contract.app import create_app  # noqa: E402
+from contract.outbox import Outbox  # noqa: E402
+from contract.records import EnvironmentSpec  # noqa: E402
 from coordinator.fleet.coordinator import STORED_AT_KEY  # noqa: E402
 from coordinator.fleet.dispatch import send_specs, watch_campaign, with_task_ids  # noqa: E402
 from coordinator.store.store import Store  # noqa: E402
-from tasks.app import create_app  # noqa: E402
-from tasks.outbox import Outbox  # noqa: E402
-from tasks.records import EnvironmentSpec  # noqa: E402
 from tests.fleet_helpers import PYTHON, Fleet, Proc, wait_until  # noqa: E402
 
 DEFAULT_N = 60

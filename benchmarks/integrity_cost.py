@@ -20,13 +20,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from contract.records import EnvironmentRecord, EnvironmentSpec, RoundRecord  # noqa: E402
+from contract.signing import CoordinatorKey, HostKey, sign_record  # noqa: E402
+from contract.spec_signing import signed_spec_data  # noqa: E402
 from coordinator.store.chain import linked_line  # noqa: E402
 from coordinator.store.policy import verify_campaign  # noqa: E402
 from coordinator.store.store import Store  # noqa: E402
 from coordinator.store.trust import HostRegistry  # noqa: E402
-from tasks.records import EnvironmentRecord, EnvironmentSpec, RoundRecord  # noqa: E402
-from tasks.signing import CoordinatorKey, HostKey, sign_record  # noqa: E402
-from tasks.spec_signing import signed_spec_data  # noqa: E402
 
 DEFAULT_N = 3000
 CID = "c-20261201-cost"

@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tasks.records import EnvironmentRecord, EnvironmentSpec  # noqa: E402
+from contract.records import EnvironmentRecord, EnvironmentSpec  # noqa: E402
 from worker.runner import run_environment  # noqa: E402
 from worker.vm import accel, guest, qemu  # noqa: E402
 

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tasks.records import EnvironmentSpec  # noqa: E402
+from contract.records import EnvironmentSpec  # noqa: E402
 from worker.runner import run_environment  # noqa: E402
 from workloads.fixtures import ensure_fixture  # noqa: E402
 

@@ -26,17 +26,17 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from contract.errors import SandbenchError, StoreError
+from contract.names import check_name
+from contract.paths import DEFAULT_WORK_ROOT
+from contract.records import EnvironmentRecord, EnvironmentSpec
+from contract.signing import CoordinatorKey, HostKey
+from contract.spec_signing import sign_spec
 from coordinator.plan.campaign import expand, new_campaign_id
 from coordinator.plan.file import Plan
 from coordinator.results.walltime import WallSplit
 from coordinator.store.store import Store
 from coordinator.store.trust import HostRegistry
-from tasks.errors import SandbenchError, StoreError
-from tasks.names import check_name
-from tasks.paths import DEFAULT_WORK_ROOT
-from tasks.records import EnvironmentRecord, EnvironmentSpec
-from tasks.signing import CoordinatorKey, HostKey
-from tasks.spec_signing import sign_spec
 from worker.gate import HostState, RecordedFailures, run_planned, verdict_facts
 from worker.modes import HostInfo, Preflight
 

@@ -7,8 +7,8 @@ cd "$REPO"
 bash ops/setup.sh
 export CI="${CI:-}"
 echo "==> ruff (lint and format)"
-.venv/bin/ruff check coordinator worker tasks workloads testbed tests benchmarks
-.venv/bin/ruff format --check coordinator worker tasks workloads testbed tests benchmarks
+.venv/bin/ruff check coordinator worker contract workloads testbed tests benchmarks
+.venv/bin/ruff format --check coordinator worker contract workloads testbed tests benchmarks
 echo "==> mypy (strict, the five packages)"
 .venv/bin/mypy
 echo "==> pytest"

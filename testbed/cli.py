@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from tasks.errors import LabError
+from contract.errors import LabError
 from testbed import lab as lab_module
 from testbed.lab import (
     DEFAULT_DIR,

@@ -34,7 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tasks.errors import LabError
+from contract.errors import LabError
 from worker.provenance import COMMIT_FILE, git_commit
 from worker.vm import guest, initramfs, kernel, qemu
 

@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tasks.errors import LabError
+from contract.errors import LabError
 from testbed.lab import REPO, Lab
 
 INSTALL = f"{REPO}/ops/install.sh"

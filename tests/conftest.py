@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.records import EnvironmentSpec
+from contract.records import EnvironmentSpec
 
 IN_CI = bool(os.environ.get("CI"))
 REPO = Path(__file__).resolve().parents[1]

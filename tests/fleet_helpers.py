@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
+from contract.records import EnvironmentRecord
+from contract.signing import COORDINATOR_KEY_FILE, CoordinatorKey, HostKey
 from coordinator.store.store import Store
 from coordinator.store.trust import own_coordinator_key
-from tasks.records import EnvironmentRecord
-from tasks.signing import COORDINATOR_KEY_FILE, CoordinatorKey, HostKey
 from tests.conftest import require, require_binary
 from worker.config import ALLOW_KEY, WORKER_CONFIG, trust_coordinator
 
@@ -444,7 +444,7 @@ def flaky_mode(name: str, flag: Path) -> dict[str, Any]:
 
 def remove_leftover_cgroups(campaign: str) -> None:
     """Kill and remove environment cgroups of ``campaign`` that a killed worker left behind."""
-    from worker.quota import PARENT_NAME, cgroup_mounts
+    from worker.cgroups import PARENT_NAME, cgroup_mounts
 
     for mount in set(cgroup_mounts().values()):
         parent = mount / PARENT_NAME

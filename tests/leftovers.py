@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 
 from tests.fleet_helpers import wait_until
+from worker.cgroups import PARENT_NAME, cgroup_mounts, detect
 from worker.ledger import ENVS_DIR, LEDGER_DIR
-from worker.quota import PARENT_NAME, cgroup_mounts, detect
 
 HOLD_FILE = "hold-s"
 FILL_FILE = "fill-disk"  # present in the work root: the environment fills its disk first
@@ -62,7 +62,7 @@ def cgroup_parents() -> list[Path]:
     mounts = cgroup_mounts()
     parents = {point / PARENT_NAME for point in mounts.values()}
     if detect() == 2:
-        from worker.cgroupsv2 import placement
+        from worker.cgroups.v2 import placement
 
         parents.add(mounts["cgroup2"] / placement().parent.strip("/"))
     return sorted(parents)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import psutil
 
-from tasks.records import EnvironmentRecord, EnvironmentSpec, Quota
+from contract.records import EnvironmentRecord, EnvironmentSpec, Quota
 from tests.conftest import REPO
-from worker import quota as cgroups
+from worker import cgroups
 from worker.modes.base import EnvContext, Mode
 from worker.modes.nsjail import NsjailMode
 from worker.procs import close_pipes
@@ -77,14 +77,14 @@ exec /usr/bin/python3 "$@"
 """
 RUN_ONE = """
 import sys
-from tasks.records import EnvironmentSpec
+from contract.records import EnvironmentSpec
 from worker.runner import run_environment
 spec = EnvironmentSpec.model_validate_json(sys.argv[1])
 print(run_environment(spec).model_dump_json())
 """
 KILLED_RUNNER = """
 import sys
-from tasks.records import EnvironmentSpec
+from contract.records import EnvironmentSpec
 from worker.runner import run_environment
 run_environment(EnvironmentSpec.model_validate_json(sys.argv[1]))
 """

@@ -8,8 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from coordinator.results.analysis import Analysis, HostTables, analyze, bootstrap_ci
-from tasks.records import (
+from contract.records import (
     NOT_RUN_RULE,
     EnvironmentRecord,
     EnvironmentSpec,
@@ -17,6 +16,7 @@ from tasks.records import (
     RoundRecord,
     failed_fields,
 )
+from coordinator.results.analysis import Analysis, HostTables, analyze, bootstrap_ci
 
 CID = "c-20261129-ab12"
 _order = iter(range(10_000))

@@ -15,13 +15,13 @@ import psutil
 import pytest
 import redis
 
+from contract.app import checked_broker_url
+from contract.broker import check_broker
+from contract.errors import FleetError
 from coordinator.fleet.dispatch import with_task_ids
 from coordinator.plan.campaign import expand
 from coordinator.plan.file import parse_plan
 from coordinator.store.store import Store
-from tasks.app import checked_broker_url
-from tasks.broker import check_broker
-from tasks.errors import FleetError
 from tests.conftest import REPO, require_binary
 from tests.fleet_helpers import (
     PYTHON,

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from contract.records import NOT_RUN_RULE, SCHEMA_VERSION, NotRun, not_run_kind
+from contract.signing import HostKey
 from coordinator.store.store import Store
-from tasks.records import NOT_RUN_RULE, SCHEMA_VERSION, NotRun, not_run_kind
-from tasks.signing import HostKey
 from tests.conftest import files_of
 
 FAILING_PLAN = """

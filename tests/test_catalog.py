@@ -17,7 +17,7 @@ from tests.conftest import REPO
 from workloads import catalog, kit
 from workloads.registry import WORKLOADS
 
-PACKAGES = ("coordinator", "tasks", "worker", "workloads")
+PACKAGES = ("coordinator", "contract", "worker", "workloads")
 CATALOG_IMPORT = "from workloads import reads, workflow, working_set, writes"
 CATALOG_MODULES = "MODULES = (writes, reads, working_set, workflow)"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.records import SCHEMA_VERSION
+from contract.records import SCHEMA_VERSION
 from tests.conftest import files_of
 from worker.modes import mode_names
 

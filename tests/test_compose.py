@@ -158,7 +158,9 @@ def _assert_keys_apart(compose: Compose, registered: dict[str, str]) -> None:
     find = "find / \\( -path /proc -o -path /sys \\) -prune -o -name host.key -print"
     assert compose.sh("coordinator", find).split() == []
     assert compose.sh("flower", find).split() == []
-    show = "python -c 'import tasks.signing as s; print(s.HostKey.load_or_create().public_b64())'"
+    show = (
+        "python -c 'import contract.signing as s; print(s.HostKey.load_or_create().public_b64())'"
+    )
     for host in HOSTS:
         assert compose.sh(host, find).split() == ["/var/lib/sandbench/home/host.key"]
         assert compose.sh(host, show).strip() == registered[host]
@@ -232,7 +234,7 @@ def _assert_flower_watches(compose: Compose, campaign: str, data: Path, tmp_path
 
 def _assert_changed_key_refused(compose: Compose, old_public: str) -> None:
     """lab-a comes back with a new key: the coordinator refuses it, naming both fingerprints."""
-    from tasks.signing import fingerprint
+    from contract.signing import fingerprint
 
     compose.sh("lab-a", "rm /var/lib/sandbench/home/host.key /var/lib/sandbench/home/host.name "
                         "/var/lib/sandbench/home/hosts.json")  # fmt: skip

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from conftest import require_binary
 
-from tasks.records import REASONS, EnvironmentRecord, EnvironmentSpec
+from contract.records import REASONS, EnvironmentRecord, EnvironmentSpec
 from worker import containment
-from worker.cgroupsv1 import REQUIRED
-from worker.quota import cgroup_mounts, detect
+from worker.cgroups import cgroup_mounts, detect
+from worker.cgroups.v1 import REQUIRED
 from worker.runner import run_environment
 
 

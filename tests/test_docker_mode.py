@@ -14,11 +14,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.records import EnvironmentSpec, Quota
+from contract.records import EnvironmentSpec, Quota
 from tests.conftest import REPO, mode_spec, require_binary
 from tests.container_probe import PROBE
 from tests.nsjail_probe import launch
-from worker import quota as cgroups
+from worker import cgroups
 from worker.dockerd import DOCKERD_ENV, STATE_DIR_ENV, Dockerd
 from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo
 from worker.modes.container import PAYLOAD_DIR_IN, container_name, unmanaged_cgroup_dirs

@@ -11,10 +11,10 @@ from typing import Any
 import psutil
 import pytest
 
-from tasks.records import REASONS, EnvironmentRecord, EnvironmentSpec, Quota
+from contract.records import REASONS, EnvironmentRecord, EnvironmentSpec, Quota
+from worker.cgroups import PARENT_NAME, cgroup_mounts
 from worker.modes.base import EnvContext
 from worker.modes.vm import guest_sync
-from worker.quota import PARENT_NAME, cgroup_mounts
 from worker.runner import run_environment
 from worker.vm.qemu import GuestConfig
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from contract.app import TASK_STORE, create_app
+from contract.records import EnvironmentRecord
+from contract.signing import HostKey, sign_record
 from coordinator.store.store import Store
-from tasks.app import TASK_STORE, create_app
-from tasks.records import EnvironmentRecord
-from tasks.signing import HostKey, sign_record
 from tests.fleet_helpers import (
     Fleet,
     assert_each_once,

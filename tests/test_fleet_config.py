@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from tasks.app import celery_config, describe, host_queue
-from tasks.records import EnvironmentSpec
+from contract.app import celery_config, describe, host_queue
+from contract.records import EnvironmentSpec
 from tests.conftest import REPO, require, require_binary
 from tests.fleet_helpers import PYTHON, free_port, wait_until
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import SpecRefused
+from contract.records import NOT_RUN_RULE, EnvironmentSpec, NotRun, not_run_kind
+from contract.signing import CoordinatorKey, HostKey, verify_record
+from contract.spec_signing import sign_spec
 from coordinator.store.trust import HostRegistry
-from tasks.errors import SpecRefused
-from tasks.records import NOT_RUN_RULE, EnvironmentSpec, NotRun, not_run_kind
-from tasks.signing import CoordinatorKey, HostKey, verify_record
-from tasks.spec_signing import sign_spec
 from worker.config import Allowlist
 from worker.gate import HostState, RecordedFailures, run_planned
 

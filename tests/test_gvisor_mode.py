@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.records import EnvironmentSpec, Quota
+from contract.records import EnvironmentSpec, Quota
 from tests.conftest import REPO, mode_spec, require_binary
 from tests.leftovers import NOTHING, hold, holding_python, leftovers
 from tests.nsjail_probe import (

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.errors import HostCheckFailed
-from tasks.records import Quota
+from contract.errors import HostCheckFailed
+from contract.records import Quota
 from tests.conftest import REPO, require
-from worker import hostcheck, hostcheck_tools
-from worker import quota as cgroups
+from worker import cgroups, hostcheck, hostcheck_tools
 from worker.vm import accel, guest
 
 NAMES = [
@@ -118,7 +117,7 @@ def test_a_small_work_root_fails_disk_space(tmp_path: Path) -> None:
 def test_an_installed_harness_names_the_commit_install_sh_recorded(tmp_path: Path) -> None:
     """A harness run from a venv without a git tree names the commit recorded at install time."""
     site = tmp_path / "site"  # the packages as pip installs them: no .git above them
-    for package in ("coordinator", "worker", "tasks", "workloads"):
+    for package in ("coordinator", "worker", "contract", "workloads"):
         shutil.copytree(
             REPO / package, site / package, ignore=shutil.ignore_patterns("__pycache__")
         )

@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # Bottom to top: a package may import only packages at or below its own layer.
-LAYERS = ("tasks", "workloads", "worker", "coordinator", "testbed")  # testbed: ops/lab.sh
+LAYERS = ("contract", "workloads", "worker", "coordinator", "testbed")  # testbed: ops/lab.sh
 # The coordinator's own floors, bottom to top, in the order of the data flow: a plan, the store
 # of its records, the results made from them, the two transports that run a campaign (neither
 # imports the other), the command line.
@@ -77,7 +77,7 @@ def import_graph(modules: dict[str, Path]) -> Graph:
 
 
 def upward_imports(graph: Graph) -> list[str]:
-    """Imports from a package into one above it (``tasks`` importing ``worker``, ...)."""
+    """Imports from a package into one above it (``contract`` importing ``worker``, ...)."""
     layer = {package: i for i, package in enumerate(LAYERS)}
     return [
         f"{a} imports {b}"
@@ -117,7 +117,7 @@ def cycles(graph: Graph) -> list[list[str]]:
 
 
 def test_no_package_imports_one_above_it() -> None:
-    """tasks/ imports nothing of the other three, workloads/ nothing of worker/ or coordinator/."""
+    """contract/ imports nothing of the other three; workloads/ nothing of worker/, coordinator/."""
     graph = import_graph(module_files())
     assert graph, "the import walk found no imports at all"
     assert upward_imports(graph) == []
@@ -173,11 +173,11 @@ def test_the_four_packages_have_no_import_cycle() -> None:
 @pytest.mark.parametrize(
     ("files", "upward", "cycle"),
     [
-        ({"tasks/a.py": "from worker import b\n", "worker/b.py": ""},
-         ["tasks.a imports worker", "tasks.a imports worker.b"], []),
+        ({"contract/a.py": "from worker import b\n", "worker/b.py": ""},
+         ["contract.a imports worker", "contract.a imports worker.b"], []),
         ({"worker/a.py": "from . import b\n", "worker/b.py": "def f():\n    import worker.a\n"},
          [], [["worker.a", "worker.b"]]),
-        ({"coordinator/a.py": "import tasks.b\n", "tasks/b.py": ""}, [], []),
+        ({"coordinator/a.py": "import contract.b\n", "contract/b.py": ""}, [], []),
     ],
 )  # fmt: skip
 def test_the_walk_sees_upward_imports_and_cycles(

@@ -12,6 +12,10 @@ from typing import Any
 import pytest
 import redis
 
+from contract.app import COORDINATOR_QUEUE, RECORDS_QUEUE, TASK_FINALIZE, create_app
+from contract.outbox import Outbox, add_record
+from contract.records import EnvironmentRecord, EnvironmentSpec
+from contract.signing import CoordinatorKey, HostKey, sign_record
 from coordinator.fleet.coordinator import (
     DUPLICATES_KEY,
     REJECTED_KEY,
@@ -24,10 +28,6 @@ from coordinator.fleet.dispatch import with_task_ids
 from coordinator.fleet.intake import UNREADABLE_KEY, Intake
 from coordinator.store.store import Store
 from coordinator.store.trust import HostRegistry
-from tasks.app import COORDINATOR_QUEUE, RECORDS_QUEUE, TASK_FINALIZE, create_app
-from tasks.outbox import Outbox, add_record
-from tasks.records import EnvironmentRecord, EnvironmentSpec
-from tasks.signing import CoordinatorKey, HostKey, sign_record
 from tests.conftest import require_binary
 from tests.fleet_helpers import RedisServer, wait_until
 

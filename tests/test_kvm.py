@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.records import EnvironmentSpec
+from contract.records import EnvironmentSpec
 from tests.conftest import require
 from worker import hostinfo, provenance
 from worker.modes import get_mode

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.errors import LabError
+from contract.errors import LabError
 from testbed import lab as labmod
 from testbed.provision import ADD_LINE, INSTALL, WHEELS, Fleet, provision
 from tests.conftest import require, require_binary

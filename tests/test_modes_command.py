@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import require_binary
 
-from tasks.errors import ModeUnavailable
-from tasks.records import EnvironmentSpec, Quota
+from contract.errors import ModeUnavailable
+from contract.records import EnvironmentSpec, Quota
 from worker.modes import EnvContext, HostInfo, get_mode
 from worker.modes.command import CommandMode
 from worker.runner import run_environment

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.records import EnvironmentSpec
+from contract.records import EnvironmentSpec
 from worker.modes import HostInfo, get_mode
 from worker.runner import run_environment
 from workloads.registry import WORKLOADS

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import require_binary
 
-from tasks.records import EnvironmentSpec
+from contract.records import EnvironmentSpec
 from worker.modes import EnvContext, HostInfo, get_mode
 from worker.runner import run_environment
 from workloads.registry import WORKLOADS

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.records import EnvironmentSpec
+from contract.records import EnvironmentSpec
 from worker.modes import EnvContext, HostInfo, get_mode
 from worker.modes.staged import StagedMode
 from worker.runner import run_environment

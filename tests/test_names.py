@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from contract.errors import InvalidName
+from contract.names import NAME_RULE, check_name, is_name
+from contract.records import EnvironmentRecord, EnvironmentSpec, RoundRecord
+from contract.signing import HostKey
 from coordinator.plan.campaign import expand, new_campaign_id
 from coordinator.plan.file import parse_plan
 from coordinator.store.store import Store
-from tasks.errors import InvalidName
-from tasks.names import NAME_RULE, check_name, is_name
-from tasks.records import EnvironmentRecord, EnvironmentSpec, RoundRecord
-from tasks.signing import HostKey
 from tests.conftest import REPO
 from tests.fleet_helpers import PYTHON
+from worker.cgroups import cgroup_name
 from worker.modes import BUILTIN_MODES
-from worker.quota import cgroup_name
 from workloads.registry import WORKLOADS
 
 BAD_NAMES = ["", ".", "..", "x/y", "../x", ".hidden", "-rf", "a b", "a\nb", "café", "x" * 65]

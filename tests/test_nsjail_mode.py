@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.paths import TOOLS_ENV
-from tasks.records import EnvironmentSpec, Quota
+from contract.paths import TOOLS_ENV
+from contract.records import EnvironmentSpec, Quota
 from tests.conftest import REPO, mode_spec, require
 from tests.leftovers import NOTHING, hold, holding_python, leftovers
 from tests.nsjail_probe import (
@@ -28,7 +28,7 @@ from tests.nsjail_probe import (
     reap_killed_runner,
     run_in_subprocess,
 )
-from worker import quota as cgroups
+from worker import cgroups
 from worker.hostinfo import tool_version
 from worker.modes import get_mode, tool_commands
 from worker.modes.base import EnvContext, HostInfo

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import redis
 
+from contract.app import TASK_RUN, create_app, host_queue
+from contract.outbox import Outbox
+from contract.records import EnvironmentSpec
+from contract.signing import CoordinatorKey
 from coordinator.fleet.dispatch import send_specs, with_task_ids
-from tasks.app import TASK_RUN, create_app, host_queue
-from tasks.outbox import Outbox
-from tasks.records import EnvironmentSpec
-from tasks.signing import CoordinatorKey
 from tests.conftest import require_binary
 from tests.fleet_helpers import RedisServer, wait_until
 
@@ -118,7 +118,7 @@ def test_batches_keep_run_order_and_count(server: RedisServer) -> None:
 
 def test_send_specs_signs_every_spec(server: RedisServer) -> None:
     """send_specs queues each spec once on its host's queue, signed by the coordinator key."""
-    from tasks.spec_signing import check_spec
+    from contract.spec_signing import check_spec
 
     app = create_app(server.url())
     client = server.client()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import PlanError
 from coordinator.plan.campaign import describe, expand, new_campaign_id
 from coordinator.plan.file import (
     check_runs_here,
@@ -19,7 +20,6 @@ from coordinator.plan.file import (
     parse_plan,
     preset,
 )
-from tasks.errors import PlanError
 from worker.modes import BUILTIN_MODES
 from workloads.catalog import CALIBRATION
 from workloads.registry import WORKLOADS

@@ -14,10 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.records import EnvironmentSpec, Quota
+from contract.records import EnvironmentSpec, Quota
 from tests.conftest import REPO, mode_spec, require_binary
 from tests.container_probe import HOG, PROBE
-from worker import quota as cgroups
+from worker import cgroups
 from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo
 from worker.modes.container import PAYLOAD_DIR_IN
 from worker.modes.podman import (
@@ -291,7 +291,7 @@ def test_missing_podman_fails_preflight(tmp_path: Path) -> None:
 
 KILLED_RUNNER = """
 import sys
-from tasks.records import EnvironmentSpec, Quota
+from contract.records import EnvironmentSpec, Quota
 from worker.runner import run_environment
 
 # a twentieth of one CPU: each round of ws256-w1 takes about 5 s, so it is killed mid-round

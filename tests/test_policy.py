@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from contract.records import NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec, failed_fields
 from coordinator.store.policy import derive
-from tasks.records import NOT_RUN_RULE, EnvironmentRecord, EnvironmentSpec, failed_fields
 from worker.gate import RecordedFailures
 from worker.gate import not_run as not_run_record
 

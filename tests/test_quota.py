@@ -11,11 +11,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.errors import QuotaError
-from tasks.records import Quota
-from worker import quota
-from worker.cgroupsv1 import CgroupV1
-from worker.cgroupsv2 import CgroupV2
+from contract.errors import QuotaError
+from contract.records import Quota
+from worker import cgroups
+from worker.cgroups.v1 import CgroupV1
+from worker.cgroups.v2 import CgroupV2
 from worker.procs import owned_process
 
 PYTHON = "/usr/bin/python3"
@@ -36,16 +36,16 @@ UNIFIED = Path("/sys/fs/cgroup/unified")
 
 
 @pytest.fixture
-def cgroup() -> Iterator[quota.Cgroup]:
+def cgroup() -> Iterator[cgroups.Cgroup]:
     """A fresh, detected-version cgroup without limits, removed afterwards."""
-    group = quota.new_cgroup(quota.cgroup_name("test-quota"))
+    group = cgroups.new_cgroup(cgroups.cgroup_name("test-quota"))
     try:
         yield group
     finally:
         group.remove()
 
 
-def _busy(group: quota.Cgroup) -> subprocess.Popen[bytes]:
+def _busy(group: cgroups.Cgroup) -> subprocess.Popen[bytes]:
     """Four busy threads in one process inside ``group``."""
     return subprocess.Popen(
         [PYTHON, "-I", "-S", "-c", BUSY_THREADS], preexec_fn=group.preexec(),
@@ -54,10 +54,10 @@ def _busy(group: quota.Cgroup) -> subprocess.Popen[bytes]:
 
 
 @pytest.mark.parametrize(("cpus", "cores"), [("0", 0.5), ("0,1", 1.0)])
-def test_cpu_quota_and_affinity(cgroup: quota.Cgroup, cpus: str, cores: float) -> None:
+def test_cpu_quota_and_affinity(cgroup: cgroups.Cgroup, cpus: str, cores: float) -> None:
     """Four busy threads get the quota's CPU time per wall second (10%), on allowed CPUs only."""
     cgroup.create(Quota(cpus=cpus, cpu_quota=cores))
-    allowed = set(quota.cpu_list(cpus))
+    allowed = set(cgroups.cpu_list(cpus))
     proc = _busy(cgroup)
     cgroup.close_preexec()
     try:
@@ -72,7 +72,7 @@ def test_cpu_quota_and_affinity(cgroup: quota.Cgroup, cpus: str, cores: float) -
     assert seen <= allowed
 
 
-def _measure(group: quota.Cgroup, pid: int) -> tuple[float, set[int]]:
+def _measure(group: cgroups.Cgroup, pid: int) -> tuple[float, set[int]]:
     """CPU seconds per wall second of ``group``, and the CPUs its threads were seen on."""
     time.sleep(0.5)  # let the threads start
     seen: set[int] = set()
@@ -84,7 +84,7 @@ def _measure(group: quota.Cgroup, pid: int) -> tuple[float, set[int]]:
 
 
 @contextlib.contextmanager
-def _outweigh_the_host(group: quota.Cgroup) -> Iterator[None]:
+def _outweigh_the_host(group: cgroups.Cgroup) -> Iterator[None]:
     """Give the cgroup and its /sandbench parent the highest CPU weight for a while, so on a
     busy shared host the quota binds, not the competition (a cgroup competes as one entity)."""
     if isinstance(group, CgroupV1):
@@ -116,7 +116,7 @@ def _thread_cpu(pid: int, tid: int) -> int:
     return int(text.rsplit(")", 1)[1].split()[36])
 
 
-def test_memory_limit_oom_kill(cgroup: quota.Cgroup) -> None:
+def test_memory_limit_oom_kill(cgroup: cgroups.Cgroup) -> None:
     """A process allocating past the memory limit (no swap) is OOM-killed and the cgroup says so."""
     cgroup.create(Quota(memory_bytes=64 << 20))
     code = "x = bytearray(256 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1\n"
@@ -128,7 +128,7 @@ def test_memory_limit_oom_kill(cgroup: quota.Cgroup) -> None:
     assert peak is not None and peak <= (64 << 20) + (1 << 20)
 
 
-def test_kill_takes_the_whole_tree(cgroup: quota.Cgroup) -> None:
+def test_kill_takes_the_whole_tree(cgroup: cgroups.Cgroup) -> None:
     """kill() leaves no process of a tree that forks and detaches; remove() deletes the cgroup."""
     cgroup.create(Quota())
     script = "for i in 1 2 3; do setsid sleep 300 & done; sleep 300 & wait"
@@ -147,18 +147,18 @@ def test_kill_takes_the_whole_tree(cgroup: quota.Cgroup) -> None:
     assert not any(Path(p).exists() for p in _dirs(cgroup))
 
 
-def _dirs(group: quota.Cgroup) -> list[Path]:
+def _dirs(group: cgroups.Cgroup) -> list[Path]:
     """The cgroup's directories, whatever the version."""
     return list(getattr(group, "dirs", {}).values()) or [group.dir]  # type: ignore[attr-defined]
 
 
 def test_detect_and_names() -> None:
     """detect() names this host's controller-carrying version; cgroup names are file-name safe."""
-    mounts = quota.cgroup_mounts()
-    assert quota.detect() == (1 if "memory" in mounts else 2)
-    name = quota.cgroup_name("c-1/host a/native/seq-write/0/1")
+    mounts = cgroups.cgroup_mounts()
+    assert cgroups.detect() == (1 if "memory" in mounts else 2)
+    name = cgroups.cgroup_name("c-1/host a/native/seq-write/0/1")
     assert "/" not in name and " " not in name and len(name) < 255
-    assert quota.cpu_list("0-2,5") == [0, 1, 2, 5]
+    assert cgroups.cpu_list("0-2,5") == [0, 1, 2, 5]
 
 
 def test_v2_on_the_unified_mount() -> None:
@@ -167,11 +167,11 @@ def test_v2_on_the_unified_mount() -> None:
     Here the unified hierarchy carries no controllers (they are bound to v1), so limits cannot
     be written: creating with a quota must say which controllers are missing.
     """
-    if quota.detect() == 2:
+    if cgroups.detect() == 2:
         pytest.skip("cgroup v2 is the main hierarchy here; the v1-host test does not apply")
-    if "cgroup2" not in quota.cgroup_mounts():
+    if "cgroup2" not in cgroups.cgroup_mounts():
         pytest.skip("no cgroup2 mount on this host")
-    group = CgroupV2(f"/{quota.PARENT_NAME}/{quota.cgroup_name('test-v2')}", root=UNIFIED)
+    group = CgroupV2(f"/{cgroups.PARENT_NAME}/{cgroups.cgroup_name('test-v2')}", root=UNIFIED)
     if not {"cpu", "memory"} - set((UNIFIED / "cgroup.controllers").read_text().split()):
         pytest.skip("controllers are enabled on the unified mount; the limits test covers it")
     with pytest.raises(QuotaError, match="lacks the"):

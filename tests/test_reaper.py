@@ -39,8 +39,8 @@ from tests.leftovers import (
     runs,
 )
 from worker import ledger
-from worker.cgroupsv1 import CONTROLLERS, REQUIRED
-from worker.quota import cgroup_mounts, detect
+from worker.cgroups import cgroup_mounts, detect
+from worker.cgroups.v1 import CONTROLLERS, REQUIRED
 
 __all__ = ["make_fleet"]  # the fixture, re-used from fleet_helpers
 REAP_BOUND_S = 120  # a two-host campaign with a worker killed, restarted and its message back

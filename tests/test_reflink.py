@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import require, require_binary
 
-from tasks.records import EnvironmentSpec
+from contract.records import EnvironmentSpec
 from worker.hostinfo import host_facts
 from worker.runner import run_environment
 from workloads.fixtures import (

@@ -18,9 +18,9 @@ from markdown_it import MarkdownIt
 from PIL import Image
 from test_analysis import _campaign
 
+from contract.errors import StoreError
 from coordinator.results.report import write_report
 from coordinator.store.store import Store
-from tasks.errors import StoreError
 
 CID = "c-20261129-ab12"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -175,9 +175,9 @@ def test_units_per_row_and_none_for_a_row_of_dashes() -> None:
     """A row below 1 s is in ms, a row with 1 s or more in s, a row of dashes has no unit."""
     from test_analysis import _rec, _spec
 
+    from contract.records import failed_fields
     from coordinator.results.analysis import analyze
     from coordinator.results.report import cell_table
-    from tasks.records import failed_fields
 
     specs = [_spec("lab-a", "native", w, 0) for w in ("publish", "seq-write", "copy-tree")]
     records = [_rec(specs[0], [0.25, 0.5]), _rec(specs[1], [0.5, 0.75]),

@@ -10,7 +10,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tasks.records import REASONS, EnvironmentRecord, EnvironmentSpec, Quota
+from contract.records import REASONS, EnvironmentRecord, EnvironmentSpec, Quota
 from worker.runner import run_environment
 
 

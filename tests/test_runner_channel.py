@@ -12,9 +12,9 @@ from typing import Any
 import psutil
 import pytest
 
-from tasks.errors import SandbenchError
-from tasks.records import EnvironmentRecord, EnvironmentSpec
-from worker import quota
+from contract.errors import SandbenchError
+from contract.records import EnvironmentRecord, EnvironmentSpec
+from worker import cgroups
 from worker.procs import spawn_marked
 from worker.runner import run_environment
 from worker.workroot import remove_tree
@@ -87,12 +87,12 @@ def test_stop_kills_cleans_and_returns_none(root: Path) -> None:
     assert record is None and time.monotonic() - start < 10
     assert not list((root / "envs").iterdir())
     assert not [p for p in psutil.process_iter(["cmdline"]) if "61.4" in (p.info["cmdline"] or [])]
-    parent = quota.new_cgroup("x")
+    parent = cgroups.new_cgroup("x")
     leftovers = [p for p in _cgroup_parent(parent).iterdir() if p.name.startswith("c-chan")]
     assert leftovers == []
 
 
-def _cgroup_parent(group: quota.Cgroup) -> Path:
+def _cgroup_parent(group: cgroups.Cgroup) -> Path:
     """The /sandbench directory of the hierarchy that lists processes."""
     directory = group.dirs["pids"] if hasattr(group, "dirs") else group.dir  # type: ignore[attr-defined]
     return Path(directory).parent
@@ -123,7 +123,7 @@ def test_removal_refuses_paths_outside_the_work_root(tmp_path: Path) -> None:
 
 def test_spawn_marked_joins_before_the_marker() -> None:
     """The launcher is already in its cgroup when it execs, and the marker precedes the exec."""
-    group = quota.create(quota.cgroup_name("test-spawn"), None)
+    group = cgroups.create(cgroups.cgroup_name("test-spawn"), None)
     try:
         before = time.monotonic_ns()
         proc, marker = spawn_marked(["/bin/cat", "/proc/self/cgroup"], group, stdout=PIPE)
@@ -139,7 +139,7 @@ def test_spawn_marked_joins_before_the_marker() -> None:
 def test_the_launcher_is_the_shims_exec_with_nothing_extra(tmp_path: Path) -> None:
     """The launcher replaces the shim in the same process (the caller's child) and inherits
     only its standard streams, not the handshake's pipes."""
-    group = quota.create(quota.cgroup_name("test-shim"), None)
+    group = cgroups.create(cgroups.cgroup_name("test-shim"), None)
     try:
         script = "import os; print(os.getppid(), sorted(os.listdir('/proc/self/fd')))"
         proc, _ = spawn_marked(["/usr/bin/python3", "-I", "-S", "-c", script], group, stdout=PIPE)

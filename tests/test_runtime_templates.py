@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from contract.records import EnvironmentSpec
 from coordinator.plan.file import parse_plan
-from tasks.records import EnvironmentSpec
 from tests.conftest import REPO, require_binary
 from worker.modes import EnvContext, get_mode
 from worker.modes.command import template_problem

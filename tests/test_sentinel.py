@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from test_campaign_local import Lab, _campaign_id
 
+from contract.errors import PlanError
+from contract.records import NOT_RUN_RULE, EnvironmentRecord
 from coordinator.plan import sentinel
 from coordinator.plan.campaign import describe, expand
 from coordinator.plan.file import parse_plan
 from coordinator.store.store import Store
-from tasks.errors import PlanError
-from tasks.records import NOT_RUN_RULE, EnvironmentRecord
 from tests.fleet_helpers import dispatch, make_fleet, wait_finished, write_plan
 from workloads.registry import WORKLOADS
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import HostKeyError, RecordRejected, SpecRefused
+from contract.records import EnvironmentRecord, EnvironmentSpec, RoundRecord
+from contract.signing import CoordinatorKey, HostKey, canonical_json, sign_record, verify_record
+from contract.spec_signing import check_spec, sign_spec
 from coordinator.store.trust import HostRegistry
-from tasks.errors import HostKeyError, RecordRejected, SpecRefused
-from tasks.records import EnvironmentRecord, EnvironmentSpec, RoundRecord
-from tasks.signing import CoordinatorKey, HostKey, canonical_json, sign_record, verify_record
-from tasks.spec_signing import check_spec, sign_spec
 from tests.conftest import REPO
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import StoreError
+from contract.records import EnvironmentRecord, EnvironmentSpec
+from contract.signing import CoordinatorKey, sha256_hex
 from coordinator.store.chain import genesis
 from coordinator.store.store import Store
-from tasks.errors import StoreError
-from tasks.records import EnvironmentRecord, EnvironmentSpec
-from tasks.signing import CoordinatorKey, sha256_hex
 
 CID = "c-20261129-ab12"
 SIGNER = CoordinatorKey.generate()  # the store signs campaign.json and every record link

@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
+from contract.app import COORDINATOR_QUEUE, TASK_RUN, TASK_STORE, create_app, host_queue
+from contract.records import SCHEMA_VERSION
+from contract.signing import CoordinatorKey
+from contract.spec_signing import signed_spec_data
 from coordinator.store.store import Store
 from coordinator.store.trust import HostRegistry
-from tasks.app import COORDINATOR_QUEUE, TASK_RUN, TASK_STORE, create_app, host_queue
-from tasks.records import SCHEMA_VERSION
-from tasks.signing import CoordinatorKey
-from tasks.spec_signing import signed_spec_data
 from tests.fleet_helpers import (
     Fleet,
     dispatch,

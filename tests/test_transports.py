@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from contract.app import create_app
+from contract.records import NOT_RUN_RULE, NotRun, not_run_kind
 from coordinator.fleet.dispatch import dispatch_specs
 from coordinator.local import LocalExecutor
 from coordinator.plan.campaign import expand
@@ -14,8 +16,6 @@ from coordinator.results.finalize import finalize_host
 from coordinator.store.policy import verify_campaign
 from coordinator.store.store import Store
 from coordinator.store.trust import HostRegistry
-from tasks.app import create_app
-from tasks.records import NOT_RUN_RULE, NotRun, not_run_kind
 from tests.fleet_helpers import Fleet, make_fleet, wait_finished, wait_until
 
 pytestmark = pytest.mark.fleet

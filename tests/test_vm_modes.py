@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import psutil
 import pytest
 
-from tasks.records import EnvironmentRecord, EnvironmentSpec
+from contract.records import EnvironmentRecord, EnvironmentSpec
 from tests.conftest import require
 from worker import runner
 from worker.modes import get_mode

@@ -9,7 +9,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tasks.records import EnvironmentRecord, EnvironmentSpec
+from contract.records import EnvironmentRecord, EnvironmentSpec
 from tests.conftest import require
 from tests.leftovers import NOTHING, leftovers, runs
 from tests.test_vm_modes import (
@@ -21,7 +21,7 @@ from tests.test_vm_modes import (
     run_once_more_if_hung,
 )
 from worker import reaper, runner
-from worker.cgroup import detect
+from worker.cgroups import detect
 from worker.ledger import ENVS_DIR
 from worker.modes import get_mode
 from worker.modes.base import EnvContext, HostInfo

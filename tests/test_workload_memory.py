@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.records import EnvironmentSpec, Quota
+from contract.records import EnvironmentSpec, Quota
 from worker.runner import run_environment
 from workloads.registry import GROUPS
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.errors import WorkloadError
+from contract.errors import WorkloadError
 from workloads.registry import GROUPS, WORKLOADS, get_workload, resolve
 
 REPO = Path(__file__).resolve().parents[1]

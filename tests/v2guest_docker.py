@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.records import EnvironmentRecord, EnvironmentSpec, Quota
-from worker import quota as cgroups
+from contract.records import EnvironmentRecord, EnvironmentSpec, Quota
+from worker import cgroups
 from worker.dockerd import Dockerd
 from worker.modes.base import EnvContext, HostInfo
 from worker.modes.docker import CLIENT_MEMORY_BYTES, DockerMode

@@ -19,10 +19,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.records import EnvironmentRecord, EnvironmentSpec, Quota
-from tasks.signing import HostKey, default_key_path
-from worker import quota as cgroups
-from worker.cgroupsv2 import CgroupV2, is_delegated, own_cgroup
+from contract.records import EnvironmentRecord, EnvironmentSpec, Quota
+from contract.signing import HostKey, default_key_path
+from worker import cgroups
+from worker.cgroups.v2 import CgroupV2, is_delegated, own_cgroup
 from worker.modes.base import EnvContext
 from worker.runner import run_environment
 from worker.vm.v2host import SERVICE
@@ -195,7 +195,7 @@ def test_timeout_kills_the_whole_tree(modes_root: Path) -> None:
 KILLED_MARK = "2718.28"  # the sleeps of the reaping test
 KILLED_RUNNER = """
 import sys
-from tasks.records import EnvironmentSpec
+from contract.records import EnvironmentSpec
 from worker.runner import run_environment
 
 mark = sys.argv[2]

@@ -16,11 +16,11 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.errors import HostKeyError
-from tasks.files import write_atomic
-from tasks.names import check_name
-from tasks.paths import HOME_ENV, sandbench_home
-from tasks.signing import fingerprint, public_key_from_b64
+from contract.errors import HostKeyError
+from contract.files import write_atomic
+from contract.names import check_name
+from contract.paths import HOME_ENV, sandbench_home
+from contract.signing import fingerprint, public_key_from_b64
 
 ETC_DIR = Path("/etc/sandbench")
 WORKER_CONFIG = "worker.toml"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from worker.cgroup import Cgroup
+from worker.cgroups import Cgroup
 
 # The payload's CPU time must exceed the cgroup's by at least this much before a low share
 # counts: both clocks tick in microseconds, but a tiny environment's few milliseconds of

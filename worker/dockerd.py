@@ -1,7 +1,7 @@
 """The worker's private Docker daemon: own socket, data root, exec root and pid file.
 
 sandbench never talks to the system's default daemon. Its daemon lives in a state directory
-(``$SANDBENCH_DOCKER_DIR``, else ``docker/`` in the sandbench home, see ``tasks.paths``)::
+(``$SANDBENCH_DOCKER_DIR``, else ``docker/`` in the sandbench home, see ``contract.paths``)::
 
     docker.sock  dockerd.pid  dockerd.log  daemon.json  lock  users.lock  on-demand
     data/  exec/  client/
@@ -31,8 +31,8 @@ from typing import Any
 
 import psutil
 
-from tasks.errors import ModeUnavailable
-from tasks.paths import sandbench_home
+from contract.errors import ModeUnavailable
+from contract.paths import sandbench_home
 from worker.procs import kill_tree
 
 STATE_DIR_ENV = "SANDBENCH_DOCKER_DIR"

@@ -22,8 +22,8 @@ from typing import Any, Self
 import redis
 from celery import Celery, Task
 
-from tasks.app import COORDINATOR_QUEUE, TASK_PROVENANCE, TASK_RUN
-from tasks.broker import (
+from contract.app import COORDINATOR_QUEUE, TASK_PROVENANCE, TASK_RUN
+from contract.broker import (
     ALIVE_KEY,
     ALIVE_REFRESH_S,
     ALIVE_TTL_S,
@@ -37,16 +37,16 @@ from tasks.broker import (
     STARTED_KEY,
     redis_client,
 )
-from tasks.errors import FleetError, SpecRefused
-from tasks.outbox import Outbox, add_record
-from tasks.records import (
+from contract.errors import FleetError, SpecRefused
+from contract.outbox import Outbox, add_record
+from contract.records import (
     EnvironmentRecord,
     EnvironmentSpec,
     NotRun,
     not_run_kind,
     preflight_why,
 )
-from tasks.signing import HostKey, canonical_json, default_key_path
+from contract.signing import HostKey, canonical_json, default_key_path
 from worker.config import load_allowlist, trusted_coordinator
 from worker.gate import HostState, Span, admit, rule_applies, run_planned
 from worker.reaper import reap_if_left

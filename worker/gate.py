@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tasks.errors import SandbenchError, SpecRefused
-from tasks.records import (
+from contract.errors import SandbenchError, SpecRefused
+from contract.records import (
     CellAttempt,
     EnvironmentRecord,
     EnvironmentSpec,
@@ -38,8 +38,8 @@ from tasks.records import (
     failed_fields,
     not_run_reason,
 )
-from tasks.signing import HostKey, sign_record
-from tasks.spec_signing import check_spec
+from contract.signing import HostKey, sign_record
+from contract.spec_signing import check_spec
 from worker.config import Allowlist
 from worker.modes import HostInfo, Preflight, get_mode
 from worker.modes.command import is_command_mode

@@ -14,10 +14,11 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from tasks.errors import HostCheckFailed
-from tasks.records import Quota
-from worker import cgroupsv1, cgroupsv2, hostinfo
-from worker import quota as cgroups
+from contract.errors import HostCheckFailed
+from contract.records import Quota
+from worker import cgroups, hostinfo
+from worker.cgroups import v1 as cgroupsv1
+from worker.cgroups import v2 as cgroupsv2
 
 CPU_SYSFS = Path("/sys/devices/system/cpu")
 SWAPS = Path("/proc/swaps")

@@ -13,10 +13,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tasks.errors import HostKeyError
-from tasks.paths import DEFAULT_WORK_ROOT
-from tasks.records import Quota
-from tasks.signing import HostKey, default_key_path
+from contract.errors import HostKeyError
+from contract.paths import DEFAULT_WORK_ROOT
+from contract.records import Quota
+from contract.signing import HostKey, default_key_path
 from worker import hostinfo
 from worker.dockerd import Dockerd, DockerdError
 from worker.hostcheck import Check, failed, passed, quota_checks

@@ -1,7 +1,7 @@
 """sandbench's private podman store: its own storage, state, configuration and OCI runtime.
 
 Podman has no daemon. Everything it creates for sandbench lives in one state directory
-(``$SANDBENCH_PODMAN_DIR``, else ``podman/`` in the sandbench home, see ``tasks.paths``)::
+(``$SANDBENCH_PODMAN_DIR``, else ``podman/`` in the sandbench home, see ``contract.paths``)::
 
     containers.conf  storage.conf  hooks.d/  root/  run/  tmp/
 
@@ -24,8 +24,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.errors import ModeUnavailable
-from tasks.paths import sandbench_home
+from contract.errors import ModeUnavailable
+from contract.paths import sandbench_home
 from worker.hostinfo import cgroup_version
 
 STATE_DIR_ENV = "SANDBENCH_PODMAN_DIR"

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import redis
 from celery import Celery, bootsteps
 
-from tasks.broker import (
+from contract.broker import (
     HOST_ALIVE_KEY,
     HOST_ALIVE_REFRESH_S,
     HOST_ALIVE_TTL_S,

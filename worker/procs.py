@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 
 from worker import ledger
-from worker.quota import Cgroup
+from worker.cgroups import Cgroup
 
 REAP_WAIT_S = 5.0
 KILL_POLL_S = 0.02

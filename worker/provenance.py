@@ -9,7 +9,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from tasks.stamps import utc_now
+from contract.stamps import utc_now
 from worker.hostinfo import host_facts
 from worker.modes import tool_commands
 

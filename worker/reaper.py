@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tasks.errors import SandbenchError
+from contract.errors import SandbenchError
 from worker import ledger
-from worker.cgroup import PARENT_NAME, Cgroup, cgroup_mounts, detect
+from worker.cgroups import PARENT_NAME, Cgroup, cgroup_mounts, detect
 from worker.procs import kill_and_wait
 from worker.vm import virtiofs
 from worker.workroot import remove_tree
@@ -238,9 +238,9 @@ def kill_pidfiles(base: Path, result: Reaped) -> None:
 # -- cgroups ------------------------------------------------------------------------------
 def environment_cgroups(name: str, entry: ledger.Entry | None) -> list[Cgroup]:
     """The cgroups environment ``name`` may have: the ledger's path, else where runners put them."""
-    from worker.cgroupsv1 import CgroupV1
-    from worker.cgroupsv2 import CgroupV2
-    from worker.quota import new_cgroup
+    from worker.cgroups import new_cgroup
+    from worker.cgroups.v1 import CgroupV1
+    from worker.cgroups.v2 import CgroupV2
 
     if entry is not None:
         paths = {(entry.cgroup, entry.cgroup_version)}

@@ -33,11 +33,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import SandbenchError
-from tasks.records import REASONS, EnvironmentRecord, EnvironmentSpec, OracleResult, RoundRecord
-from tasks.stamps import utc_now
-from worker import containment, ledger
-from worker import quota as cgroups
+from contract.errors import SandbenchError
+from contract.records import REASONS, EnvironmentRecord, EnvironmentSpec, OracleResult, RoundRecord
+from contract.stamps import utc_now
+from worker import cgroups, containment, ledger
 from worker.channel import (
     Channel,
     ChannelClosed,

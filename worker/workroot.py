@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from tasks.errors import SandbenchError
+from contract.errors import SandbenchError
 
 MNT_DETACH = 2
 

@@ -12,8 +12,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from tasks.errors import WorkloadError
-from tasks.paths import DEFAULT_WORK_ROOT
+from contract.errors import WorkloadError
+from contract.paths import DEFAULT_WORK_ROOT
 from workloads import catalog, oracle
 from workloads.kit import Declaration, Params, PayloadError
 

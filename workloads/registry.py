@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import WorkloadError
+from contract.errors import WorkloadError
 from workloads import catalog, fixtures, kit, oracle
 from workloads.kit import MAX_ROUNDS, Declaration, ModelState, Params
 

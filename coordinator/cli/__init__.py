@@ -14,8 +14,8 @@ import sys
 
 import click
 
+from contract.errors import SandbenchError, one_line
 from coordinator.cli import campaign, compare, env, fleet, host, workloads
-from tasks.errors import SandbenchError, one_line
 from worker.cli import modes, vm, worker
 
 COMMAND_MODULES = (workloads, modes, env, campaign, compare, host, vm, fleet, worker)

@@ -15,6 +15,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from contract.errors import PlanError
+from contract.options import data_option
+from contract.paths import DEFAULT_WORK_ROOT
+from contract.signing import COORDINATOR_KEY_FILE, default_coordinator_key_path
+from contract.stamps import utc_now
 from coordinator.local import OwnKeys, check_planned_here, run_campaign, summary_line
 from coordinator.plan.campaign import describe
 from coordinator.plan.file import (
@@ -34,11 +39,6 @@ from coordinator.store.policy import Verification, verify_campaign
 from coordinator.store.store import Store
 from coordinator.store.trust import HostRegistry
 from coordinator.store.verdict import verdict_of
-from tasks.errors import PlanError
-from tasks.options import data_option
-from tasks.paths import DEFAULT_WORK_ROOT
-from tasks.signing import COORDINATOR_KEY_FILE, default_coordinator_key_path
-from tasks.stamps import utc_now
 from worker.workroot import check_work_root
 
 EXIT_CHECK_FAILED = 1

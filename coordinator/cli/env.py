@@ -16,11 +16,11 @@ from typing import Any
 
 import click
 
+from contract.errors import PlanError, WorkloadError
+from contract.names import check_name
+from contract.paths import DEFAULT_WORK_ROOT
+from contract.records import EnvironmentRecord, EnvironmentSpec
 from coordinator.plan.file import MAX_LIMIT_S
-from tasks.errors import PlanError, WorkloadError
-from tasks.names import check_name
-from tasks.paths import DEFAULT_WORK_ROOT
-from tasks.records import EnvironmentRecord, EnvironmentSpec
 from worker.modes import get_mode
 from worker.runner import run_environment
 from worker.workroot import check_work_root

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tasks.errors import FleetError
-from tasks.names import check_name
-from tasks.options import broker_option
-from tasks.options import data_option as store_option
+from contract.errors import FleetError
+from contract.names import check_name
+from contract.options import broker_option
+from contract.options import data_option as store_option
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -34,7 +34,7 @@ def _store(data: Path) -> Store:  # (imported when called: the CLI's start stays
 
 
 def _app(broker: str | None) -> Celery:
-    from tasks.app import create_app
+    from contract.app import create_app
 
     return create_app(broker)
 
@@ -89,10 +89,10 @@ def coordinator_cmd(ctx: click.Context, broker: str | None, data: Path, loglevel
     record lost runs, finalize hosts ('sandbench coordinator init' makes its key)."""
     if ctx.invoked_subcommand is not None:
         return
+    from contract.app import COORDINATOR_QUEUE
+    from contract.options import DATA_ENV
     from coordinator.fleet.coordinator import Coordinator, register_tasks
     from coordinator.fleet.intake import Intake
-    from tasks.app import COORDINATOR_QUEUE
-    from tasks.options import DATA_ENV
 
     data.mkdir(parents=True, exist_ok=True)
     os.environ[DATA_ENV] = str(data.resolve())
@@ -136,9 +136,9 @@ def status_cmd(campaign: str, follow: bool, as_json: bool, broker: str | None, d
     """Per-host progress of a fleet campaign, failures with task ids, and what is left."""
     import redis
 
+    from contract.app import broker_url
+    from contract.broker import check_broker
     from coordinator.fleet.status import campaign_status, format_status
-    from tasks.app import broker_url
-    from tasks.broker import check_broker
 
     url = broker_url(broker)
     check_broker(url)  # a dead broker: one line and exit 2 ('sandbench report' reads the store)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import click
 
+from contract.files import write_atomic
+from contract.names import check_name
+from contract.paths import DEFAULT_HOME, sandbench_home
+from contract.signing import COORDINATOR_KEY_FILE, KEY_FILE, HostKey, fingerprint
 from coordinator.store.trust import HostRegistry, own_coordinator_key
-from tasks.files import write_atomic
-from tasks.names import check_name
-from tasks.paths import DEFAULT_HOME, sandbench_home
-from tasks.signing import COORDINATOR_KEY_FILE, KEY_FILE, HostKey, fingerprint
 from worker.config import COORDINATOR_PUB, ETC_DIR, allow_command_modes, trust_coordinator
 
 REGISTRY_FILE = "hosts.json"

@@ -24,6 +24,26 @@ from celery import Celery, Task
 from cryptography.exceptions import InvalidSignature
 from pydantic import ValidationError
 
+from contract.app import (
+    COORDINATOR_QUEUE,
+    DEFAULT_VISIBILITY_TIMEOUT_S,
+    TASK_FINALIZE,
+    TASK_PROVENANCE,
+    TASK_STORE,
+    VISIBILITY_TIMEOUT_ENV,
+)
+from contract.broker import ALIVE_KEY, STARTED_KEY, redis_client
+from contract.errors import HostKeyError, RecordRejected, StoreError
+from contract.options import DATA_ENV
+from contract.outbox import Outbox, send_specs
+from contract.records import EnvironmentRecord, EnvironmentSpec
+from contract.signing import (
+    canonical_json,
+    fingerprint,
+    public_key_from_b64,
+    record_key,
+    verify_record_data,
+)
 from coordinator.fleet.leases import Leases
 from coordinator.results.finalize import finalize_host
 from coordinator.store.progress import (
@@ -35,26 +55,6 @@ from coordinator.store.progress import (
 )
 from coordinator.store.store import Store
 from coordinator.store.trust import HostRegistry
-from tasks.app import (
-    COORDINATOR_QUEUE,
-    DEFAULT_VISIBILITY_TIMEOUT_S,
-    TASK_FINALIZE,
-    TASK_PROVENANCE,
-    TASK_STORE,
-    VISIBILITY_TIMEOUT_ENV,
-)
-from tasks.broker import ALIVE_KEY, STARTED_KEY, redis_client
-from tasks.errors import HostKeyError, RecordRejected, StoreError
-from tasks.options import DATA_ENV
-from tasks.outbox import Outbox, send_specs
-from tasks.records import EnvironmentRecord, EnvironmentSpec
-from tasks.signing import (
-    canonical_json,
-    fingerprint,
-    public_key_from_b64,
-    record_key,
-    verify_record_data,
-)
 
 log = logging.getLogger("sandbench.coordinator")
 

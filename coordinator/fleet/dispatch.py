@@ -12,15 +12,15 @@ from typing import Any
 
 from celery import Celery
 
+from contract.broker import check_broker, redis_client
+from contract.errors import FleetError, StoreError
+from contract.outbox import by_host as by_host  # the send path lives beside the outbox
+from contract.outbox import send_specs as send_specs
+from contract.paths import DEFAULT_WORK_ROOT
+from contract.records import EnvironmentSpec
 from coordinator.fleet.coordinator import ACTIVE_CAMPAIGNS_KEY, FINALIZED_KEY
 from coordinator.store.progress import host_progress
 from coordinator.store.store import Store
-from tasks.broker import check_broker, redis_client
-from tasks.errors import FleetError, StoreError
-from tasks.outbox import by_host as by_host  # the send path lives beside the outbox
-from tasks.outbox import send_specs as send_specs
-from tasks.paths import DEFAULT_WORK_ROOT
-from tasks.records import EnvironmentSpec
 
 
 def with_task_ids(specs: list[EnvironmentSpec]) -> list[EnvironmentSpec]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from tasks.errors import FleetError
+from contract.errors import FleetError
 from worker.fleet import OUTCOME_TAG
 
 AUTH_ENVS = ("SANDBENCH_FLOWER_AUTH", "FLOWER_BASIC_AUTH")

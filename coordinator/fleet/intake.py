@@ -1,7 +1,7 @@
 """The record intake: ``store_record`` messages taken from queue ``records`` in batches.
 
 A lab host hands each record over as a Celery ``store_record`` task message on queue
-``records`` (``tasks.outbox.add_record``). Run by Celery's worker machinery, each message costs
+``records`` (``contract.outbox.add_record``). Run by Celery's worker machinery, each message costs
 about 1.5 ms of Python and two fsynced Redis transactions (kombu's ack emulation) here, which
 holds one coordinator process near 400 records per second. The intake takes up to ``BATCH``
 messages at a time instead, each moved atomically into kombu's own unacked index, exactly as
@@ -32,13 +32,13 @@ import msgspec
 import redis
 from pydantic import ValidationError
 
+from contract.app import RECORDS_QUEUE, TASK_STORE
+from contract.errors import RecordRejected, StoreError
+from contract.outbox import Outbox
+from contract.records import EnvironmentRecord
 from coordinator.fleet.coordinator import DUPLICATES_KEY, STORED_AT_KEY, Coordinator, rejection
 from coordinator.store.hostlog import LOST_FILE, sync_file
 from coordinator.store.progress import planned_views, read_lost
-from tasks.app import RECORDS_QUEUE, TASK_STORE
-from tasks.errors import RecordRejected, StoreError
-from tasks.outbox import Outbox
-from tasks.records import EnvironmentRecord
 
 log = logging.getLogger("sandbench.coordinator")
 _decode = msgspec.json.Decoder().decode

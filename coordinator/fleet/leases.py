@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import redis
 
+from contract.broker import STARTED_KEY
+from contract.records import EnvironmentSpec
 from coordinator.store.progress import HostProgress
-from tasks.broker import STARTED_KEY
-from tasks.records import EnvironmentSpec
 from worker.presence import host_alive
 
 log = logging.getLogger("sandbench.coordinator")

@@ -8,11 +8,11 @@ from typing import Any
 
 import redis
 
+from contract.broker import ALIVE_KEY, REFUSED_KEY
 from coordinator.fleet.coordinator import DUPLICATES_KEY, FINALIZED_KEY, REJECTED_KEY
 from coordinator.fleet.leases import requeued_count
 from coordinator.store.progress import HostProgress, host_progress
 from coordinator.store.store import Store
-from tasks.broker import ALIVE_KEY, REFUSED_KEY
 from worker.presence import host_alive, host_last_seen
 
 # every lost mark's reason starts so (coordinator.fleet.coordinator, coordinator.fleet.leases)

@@ -9,9 +9,9 @@ import uuid
 from collections import Counter
 from datetime import UTC, datetime
 
+from contract.records import EnvironmentSpec
 from coordinator.plan import sentinel
 from coordinator.plan.file import Plan
-from tasks.records import EnvironmentSpec
 
 CAMPAIGN_ID_FORMAT = "c-{date}-{suffix}"
 SUFFIX_BYTES = 2  # four hex digits

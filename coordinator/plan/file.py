@@ -53,12 +53,12 @@ from pydantic import (
     model_validator,
 )
 
+from contract.errors import PlanError
+from contract.names import Name
+from contract.records import Quota, VmSize
 from coordinator.plan.modes import ModeEntry, check_modes, near
 from coordinator.plan.sentinel import SentinelPlan
-from tasks.errors import PlanError
-from tasks.names import Name
-from tasks.records import Quota, VmSize
-from worker.cgroup import CFS_PERIOD_US
+from worker.cgroups import CFS_PERIOD_US
 from workloads.kit import MAX_ROUNDS
 
 ALL = "all"
@@ -70,8 +70,8 @@ CPU_LIST_RE = re.compile(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*\Z")
 MAX_CPU = 8191  # the kernel's largest CPU number (NR_CPUS is at most 8192)
 MAX_BYTES = 1 << 50  # 1 PiB: a memory or swap size beyond any lab host, surely a typo
 MIN_MEMORY = 64 * 1024**2  # an environment's least memory: the payload's interpreter and tools
-# The least CFS quota per period the kernel takes (cgroup v1 and v2 alike; worker.cgroupsv1 and
-# worker.cgroupsv2 raise a smaller one to it): a smaller cpu_quota would not be what runs.
+# The least CFS quota per period the kernel takes (cgroup v1 and v2 alike; worker.cgroups.v1 and
+# worker.cgroups.v2 raise a smaller one to it): a smaller cpu_quota would not be what runs.
 MIN_QUOTA_US = 1000
 MIN_CPU_QUOTA = MIN_QUOTA_US / CFS_PERIOD_US  # 0.01 core
 MAX_SEED = 2**63 - 1  # TOML's largest integer

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.errors import ModeUnavailable, PlanError
-from tasks.names import Name, is_name
+from contract.errors import ModeUnavailable, PlanError
+from contract.names import Name, is_name
 
 if TYPE_CHECKING:
     from worker.modes.base import Mode

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.records import EnvironmentSpec
+from contract.records import EnvironmentSpec
 from workloads.catalog import CALIBRATION, DECLARED
 
 KIND = "sentinel"

@@ -31,10 +31,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from coordinator.plan import sentinel
-from coordinator.store.store import Campaign, Store
-from coordinator.store.views import CampaignView, PlannedView, RecordView, record_views
-from tasks.records import (
+from contract.records import (
     NOT_RUN_RULE,
     EnvironmentRecord,
     EnvironmentSpec,
@@ -42,8 +39,11 @@ from tasks.records import (
     not_run_kind,
     preflight_why,
 )
+from coordinator.plan import sentinel
+from coordinator.store.store import Campaign, Store
+from coordinator.store.views import CampaignView, PlannedView, RecordView, record_views
 
-ENVIRONMENT = "environment"  # a cell's environment (tasks.records.Kind)
+ENVIRONMENT = "environment"  # a cell's environment (contract.records.Kind)
 CI_MIN_N = 10
 P95_MIN_N = 30
 BOOTSTRAP_RESAMPLES = 2000

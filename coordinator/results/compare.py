@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from contract.errors import CompareRefused
 from coordinator.plan import sentinel
 from coordinator.results.analysis import (
     CI_MIN_N,
@@ -54,7 +55,6 @@ from coordinator.store.store import CAMPAIGN_FILE, Store
 from coordinator.store.trust import HostRegistry
 from coordinator.store.verdict import Verdict, verdict_of
 from coordinator.store.views import CampaignView
-from tasks.errors import CompareRefused
 
 FASTER, SLOWER = "faster", "slower"
 SAME = "no significant difference"

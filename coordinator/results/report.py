@@ -13,6 +13,8 @@ from typing import Any
 
 import pandas as pd
 
+from contract.errors import SandbenchError, StoreError
+from contract.names import check_name
 from coordinator.plan.campaign import format_size
 from coordinator.plan.sentinel import SentinelTable
 from coordinator.results import plots
@@ -29,8 +31,6 @@ from coordinator.store.store import Campaign, Store
 from coordinator.store.trust import HostRegistry
 from coordinator.store.verdict import verdict_of
 from coordinator.store.views import CampaignView
-from tasks.errors import SandbenchError, StoreError
-from tasks.names import check_name
 from workloads.registry import WORKLOADS
 
 # The report's sections, in order: a workload's declaration names its section (its

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tasks.records import EnvironmentRecord
+from contract.records import EnvironmentRecord
 
 HARNESS_TARGET = 0.03  # the harness's own rest, as a share of the campaign's wall time
 PARTS = ("measured", "preparation", "oracle and checks", "cleanup", "sentinel")

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.signing import CoordinatorKey, canonical_json, sha256_hex
+from contract.signing import CoordinatorKey, canonical_json, sha256_hex
 
 CHAIN_FORMAT = "sandbench-chain/1"
 VERDICT_FORMAT = "sandbench-verdict/1"

@@ -20,11 +20,11 @@ from typing import Any
 
 import msgspec
 
+from contract.files import write_atomic
+from contract.records import EnvironmentRecord
+from contract.signing import CoordinatorKey, sha256_hex
 from coordinator.store.chain import HEAD_FILE, Head, genesis, head_document, linked_line
 from coordinator.store.views import OUTCOME_DECODER
-from tasks.files import write_atomic
-from tasks.records import EnvironmentRecord
-from tasks.signing import CoordinatorKey, sha256_hex
 
 RECORDS_FILE = "records.jsonl"
 RECORDS_LOCK = RECORDS_FILE + ".lock"

@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
-from coordinator.store.hostlog import LOST_FILE
-from tasks.errors import StoreError
-from tasks.records import (
+from contract.errors import StoreError
+from contract.records import (
     CellAttempt,
     EnvironmentRecord,
     EnvironmentSpec,
@@ -28,6 +27,7 @@ from tasks.records import (
     cell_attempt,
     not_run_kind,
 )
+from coordinator.store.hostlog import LOST_FILE
 
 if TYPE_CHECKING:
     from coordinator.store.store import Store

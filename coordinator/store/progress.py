@@ -16,11 +16,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from contract.records import EnvironmentRecord, EnvironmentSpec
 from coordinator.store.hostlog import LOST_FILE as LOST_FILE  # fleet.py reads it from here
 from coordinator.store.hostlog import complete_lines, line_key
 from coordinator.store.store import CAMPAIGN_FILE, Campaign, Store
 from coordinator.store.views import PlannedView
-from tasks.records import EnvironmentRecord, EnvironmentSpec
 
 log = logging.getLogger("sandbench.coordinator")
 

@@ -35,6 +35,12 @@ import msgspec
 from pydantic import ValidationError
 from pydantic_core import from_json  # about twice as fast as json.loads on records
 
+from contract.errors import StoreError
+from contract.files import write_atomic
+from contract.names import check_name, is_name
+from contract.records import EnvironmentRecord, EnvironmentSpec
+from contract.signing import CoordinatorKey
+from contract.stamps import utc_now
 from coordinator.store.chain import (
     EXPANSION_SIG_FILE,
     HEAD_FILE,
@@ -50,12 +56,6 @@ from coordinator.store.hostlog import (
     sync_file,
 )
 from coordinator.store.views import CampaignView, campaign_view
-from tasks.errors import StoreError
-from tasks.files import write_atomic
-from tasks.names import check_name, is_name
-from tasks.records import EnvironmentRecord, EnvironmentSpec
-from tasks.signing import CoordinatorKey
-from tasks.stamps import utc_now
 
 CAMPAIGN_FILE = "campaign.json"
 PLAN_FILE = "plan.toml"

@@ -16,12 +16,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import HostKeyError
-from tasks.files import write_atomic
-from tasks.names import check_name
-from tasks.paths import sandbench_home
-from tasks.signing import CoordinatorKey, fingerprint, public_key_from_b64
-from tasks.stamps import utc_now
+from contract.errors import HostKeyError
+from contract.files import write_atomic
+from contract.names import check_name
+from contract.paths import sandbench_home
+from contract.signing import CoordinatorKey, fingerprint, public_key_from_b64
+from contract.stamps import utc_now
 
 REGISTRY_FILE = "hosts.json"
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from contract.errors import HostKeyError, StoreError
+from contract.signing import COORDINATOR_SIGNER, CoordinatorKey, signature_ok
 from coordinator.store.chain import VERDICT_FORMAT, signed_body
 from coordinator.store.store import VERIFICATION_FILE, Store
 from coordinator.store.trust import HostRegistry
-from tasks.errors import HostKeyError, StoreError
-from tasks.signing import COORDINATOR_SIGNER, CoordinatorKey, signature_ok
 
 UNVERIFIED = "unverified: "
 

@@ -18,6 +18,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from contract.errors import HostKeyError, RecordRejected
+from contract.records import SCHEMA_VERSION, EnvironmentRecord
+from contract.signing import (
+    COORDINATOR_SIGNER,
+    record_key,
+    sha256_hex,
+    signature_ok,
+    verify_record_data,
+)
 from coordinator.store.chain import (
     EXPANSION_SIG_FILE,
     HEAD_FILE,
@@ -30,15 +39,6 @@ from coordinator.store.chain import (
 )
 from coordinator.store.hostlog import LOST_FILE, PROVENANCE_FILE, file_digest
 from coordinator.store.trust import HostRegistry
-from tasks.errors import HostKeyError, RecordRejected
-from tasks.records import SCHEMA_VERSION, EnvironmentRecord
-from tasks.signing import (
-    COORDINATOR_SIGNER,
-    record_key,
-    sha256_hex,
-    signature_ok,
-    verify_record_data,
-)
 
 IDENTITY_RE = {
     name: re.compile(rf'"{name}":\s*("?)([^",}}]*)\1')

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from tasks.records import EnvironmentRecord, EnvironmentSpec, Outcome, environment_key
+from contract.records import EnvironmentRecord, EnvironmentSpec, Outcome, environment_key
 
 # The views' defaults are the schema's (one place): a field a line leaves out reads as the model.
 _RECORD = {name: field.default for name, field in EnvironmentRecord.model_fields.items()}

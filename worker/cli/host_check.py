@@ -15,9 +15,9 @@ from pathlib import Path
 
 import click
 
-from tasks.files import write_atomic
-from tasks.options import broker_option
-from tasks.paths import DEFAULT_WORK_ROOT
+from contract.files import write_atomic
+from contract.options import broker_option
+from contract.paths import DEFAULT_WORK_ROOT
 from worker.hostcheck import Check
 from worker.hostcheck_tools import run_checks
 
@@ -51,8 +51,8 @@ def check(as_json: bool, work_root: Path) -> None:
 @broker_option
 def check_broker_cmd(broker: str | None) -> None:
     """Check that the broker answers PING with this host's URL and password."""
-    from tasks.app import broker_url
-    from tasks.broker import broker_address, check_broker
+    from contract.app import broker_url
+    from contract.broker import broker_address, check_broker
 
     url = broker_url(broker)
     check_broker(url)  # FleetError: "refused the password" or "unreachable", one line, exit 2

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from tasks.errors import SandbenchError
-from tasks.paths import DEFAULT_WORK_ROOT
+from contract.errors import SandbenchError
+from contract.paths import DEFAULT_WORK_ROOT
 
 
 @click.command("clean")

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from tasks.errors import SandbenchError
+from contract.errors import SandbenchError
 from worker.modes import HostInfo, get_mode, mode_names
 
 COMMAND_VERDICT = "defined by a command template in a plan (preflight checks its binary)"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
-from tasks.errors import SandbenchError
-from tasks.names import check_name
-from tasks.options import broker_option
-from tasks.paths import DEFAULT_WORK_ROOT
+from contract.errors import SandbenchError
+from contract.names import check_name
+from contract.options import broker_option
+from contract.paths import DEFAULT_WORK_ROOT
 
 WORKER_CONCURRENCY = "1"  # one environment at a time per host, whatever its CPU count
 
@@ -27,8 +27,8 @@ WORKER_CONCURRENCY = "1"  # one environment at a time per host, whatever its CPU
 @click.option("--loglevel", default="INFO")
 def worker_cmd(host: str, broker: str | None, work_root: Path | None, loglevel: str) -> None:
     """Run this host's Celery worker: its own queue only, one environment at a time."""
-    from tasks.app import host_queue
-    from tasks.signing import HostKey, default_key_path
+    from contract.app import host_queue
+    from contract.signing import HostKey, default_key_path
     from worker.config import trusted_coordinator
     from worker.fleet import HOST_ENV, WORK_ROOT_ENV, register_tasks
     from worker.hostcheck import require_quota
@@ -49,7 +49,7 @@ def worker_cmd(host: str, broker: str | None, work_root: Path | None, loglevel: 
         work_root.mkdir(parents=True, exist_ok=True)
         os.environ[WORK_ROOT_ENV] = str(work_root.resolve())
     _reap_at_start(work_root or DEFAULT_WORK_ROOT)
-    from tasks.app import create_app
+    from contract.app import create_app
 
     app = create_app(broker)
     register_tasks(app)

@@ -14,8 +14,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.errors import ModeUnavailable
-from tasks.paths import tools_dir
+from contract.errors import ModeUnavailable
+from contract.paths import tools_dir
 from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo, Mode, Preflight
 from worker.vm.virtiofs import VIRTIOFSD
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from tasks.paths import DEFAULT_WORK_ROOT
-from tasks.records import EnvironmentSpec
+from contract.paths import DEFAULT_WORK_ROOT
+from contract.records import EnvironmentSpec
 
 # One interpreter for the payload in every mode, so differences come from the mode.
 PAYLOAD_PYTHON = os.environ.get("SANDBENCH_PYTHON", "/usr/bin/python3")

@@ -37,7 +37,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import ModeUnavailable
+from contract.errors import ModeUnavailable
 from worker.modes.base import PAYLOAD_PATH, PAYLOAD_PYTHON, EnvContext, HostInfo, Mode, Preflight
 from worker.procs import run_owned
 

@@ -16,10 +16,10 @@ import tarfile
 from pathlib import Path
 from typing import Any, Protocol
 
-from tasks.records import Quota
-from worker.cgroupsv1 import CONTROLLERS
+from contract.records import Quota
+from worker.cgroups import cgroup_mounts, detect
+from worker.cgroups.v1 import CONTROLLERS
 from worker.modes.base import PAYLOAD_PYTHON, EnvContext, Mode
-from worker.quota import cgroup_mounts, detect
 
 IMAGE_MESSAGE = "sandbench: empty mount points; toolset = host dirs bound read-only"
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from worker.cgroups import remove_dir
 from worker.dockerd import Dockerd, DockerdError
 from worker.modes.base import EnvContext, HostInfo, Preflight
 from worker.modes.container import (
@@ -34,7 +35,6 @@ from worker.modes.container import (
     quota_options,
     unmanaged_cgroup_dirs,
 )
-from worker.quota import remove_dir
 
 # Room in the environment's memory cgroup for the docker client (~11 MB resident) beside the
 # container, whose own limit equals the quota and so is the one that binds.

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
-from tasks.errors import ModeUnavailable
+from contract.errors import ModeUnavailable
 from worker.modes.base import EnvContext, HostInfo, Mode, Preflight
 from worker.modes.container import IMAGE_PATH
 from worker.modes.native import python_version

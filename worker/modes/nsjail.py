@@ -24,8 +24,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from tasks.errors import ModeUnavailable
-from tasks.paths import tools_dir
+from contract.errors import ModeUnavailable
+from contract.paths import tools_dir
 from worker.modes.base import EnvContext, HostInfo, Mode, Preflight
 from worker.modes.native import python_version
 

@@ -28,7 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.records import Quota
+from contract.records import Quota
+from worker.cgroups import cgroup_mounts, remove_dir
+from worker.cgroups import create as create_cgroup
 from worker.modes.base import EnvContext, HostInfo, Preflight
 from worker.modes.container import (
     LABEL_KEY,
@@ -45,8 +47,6 @@ from worker.modes.container import (
     unmanaged_cgroup_dirs,
 )
 from worker.podman import Podman, PodmanError, find_binary, ulimit_options
-from worker.quota import cgroup_mounts, remove_dir
-from worker.quota import create as create_cgroup
 
 MiB = 1024 * 1024
 # Room in the environment's memory cgroup beside the container: the podman launcher (~35 MB

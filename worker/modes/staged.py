@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import ModeUnavailable
+from contract.errors import ModeUnavailable
 from worker.modes.base import EnvContext, HostInfo, Mode, Preflight
 from worker.modes.native import python_version
 from worker.workroot import syncfs

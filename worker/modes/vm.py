@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
-from tasks.errors import ModeUnavailable
+from contract.errors import ModeUnavailable
 from worker.modes.base import STDERR_FILE, EnvContext, HostInfo, Mode, Preflight
 from worker.vm import accel, guest, kernel, qemu, virtiofs
 from worker.vm.job import GUEST_PAYLOAD_DIR, Job, WorkspaceKind

@@ -10,8 +10,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tasks.errors import ModeUnavailable
-from tasks.paths import sandbench_home
+from contract.errors import ModeUnavailable
+from contract.paths import sandbench_home
 from worker.vm import initramfs, kernel
 
 MANIFEST = "guest.json"

@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tasks.errors import ModeUnavailable
+from contract.errors import ModeUnavailable
 
 INIT_SCRIPT = Path(__file__).with_name("init.sh")
 V2HOST_INIT_SCRIPT = Path(__file__).with_name("v2host_init.sh")  # the cgroup v2 lab host's init

@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.errors import ModeUnavailable
+from contract.errors import ModeUnavailable
 
 META_PACKAGE = "linux-image-amd64"
 APT_TIMEOUT_S = 600

@@ -3,7 +3,7 @@
 The prepared guest kernel (``sandbench vm prepare``) boots with ``cgroup_no_v1=all`` and its
 own initramfs (``v2host_init.sh``): the host root read-only over 9p, a fresh sparse ext4
 scratch disk for /tmp, /var/tmp (the default work root) and /var/lib/sandbench (keys, the
-private dockerd's state), the repository, sandbench's own tools (``tasks.paths.tools_dir``, e.g.
+private dockerd's state), the repository, sandbench's own tools (``contract.paths.tools_dir``, e.g.
 nsjail: hidden with /var/lib/sandbench otherwise) and any other shared directory read-write at
 its host path, cgroup2 at /sys/fs/cgroup with cpu, cpuset, memory, pids and io, 2 vCPUs and 4 GiB.
 The command runs in a cgroup delegated as systemd's ``Delegate=yes`` does it (or, with
@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.errors import SandbenchError, V2HostError
-from tasks.paths import DEFAULT_HOME, tools_dir
+from contract.errors import SandbenchError, V2HostError
+from contract.paths import DEFAULT_HOME, tools_dir
 from worker.procs import owned_process
 from worker.vm import accel, guest, qemu
 

@@ -27,7 +27,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.names import Name
+from contract.names import Name
 
 SCHEMA_VERSION = 5
 
@@ -157,7 +157,7 @@ class EnvironmentSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    campaign: Name  # names become file and cgroup names: see ``tasks.names``
+    campaign: Name  # names become file and cgroup names: see ``contract.names``
     cohort: Name = "default"
     host: Name
     mode: Name

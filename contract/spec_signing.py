@@ -1,6 +1,6 @@
 """Signed specs: the coordinator key signs every spec it sends, a worker runs only those.
 
-A spec's signature covers its canonical JSON (``tasks.signing.canonical_json``) without the
+A spec's signature covers its canonical JSON (``contract.signing.canonical_json``) without the
 ``spec_signature`` field; ``coordinator_key`` (the signer's key id) is inside what is signed. A
 worker trusts exactly one coordinator public key (``worker.config``) and refuses a spec that is
 unsigned, signed by another key, or changed after signing, before anything of it runs.
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.errors import SpecRefused
-from tasks.records import EnvironmentSpec
-from tasks.signing import (
+from contract.errors import SpecRefused
+from contract.records import EnvironmentSpec
+from contract.signing import (
     SPEC_SIGNATURE_FIELD,
     CoordinatorKey,
     canonical_json,

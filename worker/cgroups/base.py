@@ -1,8 +1,8 @@
 """The abstraction every cgroup version implements, and what the versions share.
 
 ``Cgroup`` is the one abstraction of an environment's cgroup (quota, accounting, kill);
-``worker.cgroupsv1.CgroupV1`` and ``worker.cgroupsv2.CgroupV2`` implement it, and
-``worker.quota`` picks the one this host uses. Both import only this module, so neither
+``worker.cgroups.v1.CgroupV1`` and ``worker.cgroups.v2.CgroupV2`` implement it, and
+``worker.cgroups`` picks the one this host uses. Both import only this module, so neither
 implementation imports the module that chooses between them.
 """
 
@@ -16,9 +16,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
-from tasks.errors import QuotaError
-from tasks.names import NAME_CHARS
-from tasks.records import Quota
+from contract.errors import QuotaError
+from contract.names import NAME_CHARS
+from contract.records import Quota
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT_NAME = "sandbench"  # every environment's cgroup lives under /sandbench

@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from tasks.errors import QuotaError
-from tasks.records import Quota
-from worker.cgroup import (
+from contract.errors import QuotaError
+from contract.records import Quota
+from worker.cgroups.base import (
     CFS_PERIOD_US,
     KILL_WAIT_S,
     PARENT_NAME,

@@ -24,11 +24,11 @@ import msgspec
 from celery import Celery
 from celery.utils.nodenames import anon_nodename
 
-from tasks.app import RECORDS_QUEUE, TASK_RUN, TASK_STORE, describe, host_queue
-from tasks.broker import redis_client
-from tasks.records import EnvironmentSpec
-from tasks.signing import CoordinatorKey
-from tasks.spec_signing import signed_spec_data
+from contract.app import RECORDS_QUEUE, TASK_RUN, TASK_STORE, describe, host_queue
+from contract.broker import redis_client
+from contract.records import EnvironmentSpec
+from contract.signing import CoordinatorKey
+from contract.spec_signing import signed_spec_data
 
 BATCH_MESSAGES = 1000  # messages per transaction (about 2 MB of LPUSH): one fsync each
 SENT_EVENT = "task-sent"

@@ -3,5 +3,5 @@
 Spec and record schemas (``records``), errors, signing, where state lives (``paths``), the Celery
 app's configuration with its task and queue names (``app``) and the Redis keys hosts keep
 (``broker``). This package imports nothing from ``workloads``, ``worker`` or ``coordinator``;
-importing it does not import Celery (only ``tasks.app`` does).
+importing it does not import Celery (only ``contract.app`` does).
 """

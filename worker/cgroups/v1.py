@@ -8,9 +8,9 @@ import signal
 import time
 from pathlib import Path
 
-from tasks.errors import QuotaError
-from tasks.records import Quota
-from worker.cgroup import (
+from contract.errors import QuotaError
+from contract.records import Quota
+from worker.cgroups.base import (
     CFS_PERIOD_US,
     KILL_WAIT_S,
     POLL_S,

@@ -25,9 +25,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from celery import Celery
 
-from tasks.broker import broker_address, host_port
-from tasks.errors import FleetError
-from tasks.records import EnvironmentSpec
+from contract.broker import broker_address, host_port
+from contract.errors import FleetError
+from contract.records import EnvironmentSpec
 
 BROKER_ENV = "SANDBENCH_BROKER"
 DEFAULT_BROKER = "redis://127.0.0.1:6379/0"

@@ -14,7 +14,7 @@ import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
-from tasks.errors import FleetError
+from contract.errors import FleetError
 
 STARTED_KEY = "sandbench:started:{key}"  # set once when an attempt starts; never expires early
 ALIVE_KEY = "sandbench:alive:{key}"  # refreshed while the attempt runs; gone when its worker died

@@ -3,7 +3,7 @@
 A host's key lives in ``$SANDBENCH_HOME/host.key`` (PKCS#8 PEM, mode 0600) with the host
 name beside it in ``host.name``; the coordinator's in ``$SANDBENCH_HOME/coordinator.key``. The
 trusted registry of the coordinator is ``$SANDBENCH_HOME/hosts.json`` (see
-``coordinator.store.trust``; ``tasks.paths`` defines the home); a worker trusts one coordinator
+``coordinator.store.trust``; ``contract.paths`` defines the home); a worker trusts one coordinator
 public key (``worker.config``).
 
 What a record's host signature covers: the record's JSON object without ``signature``,
@@ -29,10 +29,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from tasks.errors import HostKeyError, RecordRejected
-from tasks.names import check_name
-from tasks.paths import sandbench_home
-from tasks.records import EnvironmentRecord, Signature
+from contract.errors import HostKeyError, RecordRejected
+from contract.names import check_name
+from contract.paths import sandbench_home
+from contract.records import EnvironmentRecord, Signature
 
 KEY_FILE = "host.key"
 NAME_FILE = "host.name"

@@ -15,7 +15,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
-from tasks.errors import InvalidName
+from contract.errors import InvalidName
 
 MAX_NAME = 64
 NAME_CHARS = "A-Za-z0-9._-"  # a regex character class body: what a name may hold

@@ -1,19 +1,19 @@
 """The environment's cgroup: its quota, its accounting and its kill, for cgroup v1 and v2.
 
-``Cgroup`` is the one abstraction; ``worker.cgroupsv1.CgroupV1`` and
-``worker.cgroupsv2.CgroupV2`` implement it. Every environment gets its own cgroup: on v1
+``Cgroup`` is the one abstraction; ``worker.cgroups.v1.CgroupV1`` and
+``worker.cgroups.v2.CgroupV2`` implement it. Every environment gets its own cgroup: on v1
 ``/sandbench/<key>`` (the same relative path in every hierarchy, so docker's
 ``--cgroup-parent`` can use ``Cgroup.path`` as is); on v2 ``/sandbench/<key>`` from a root
 shell, or ``<service>/envs/<key>`` under a delegated systemd service, with the launcher in a
-leaf below it (``worker.cgroupsv2``). The launcher joins between fork and exec (``preexec``),
+leaf below it (``worker.cgroups.v2``). The launcher joins between fork and exec (``preexec``),
 so its whole process tree is limited, measured and killed together.
 """
 
 from __future__ import annotations
 
-from tasks.errors import QuotaError
-from tasks.records import Quota
-from worker.cgroup import (
+from contract.errors import QuotaError
+from contract.records import Quota
+from worker.cgroups.base import (
     CFS_PERIOD_US,
     CGROUP_ROOT,
     KILL_WAIT_S,
@@ -28,8 +28,8 @@ from worker.cgroup import (
     remove_dir,
     write_file,
 )
-from worker.cgroupsv1 import CgroupV1
-from worker.cgroupsv2 import CgroupV2
+from worker.cgroups.v1 import CgroupV1
+from worker.cgroups.v2 import CgroupV2
 
 __all__ = [
     "CFS_PERIOD_US", "CGROUP_ROOT", "KILL_WAIT_S", "MAX_NAME", "PARENT_NAME", "POLL_S", "Cgroup",
