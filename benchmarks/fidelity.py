@@ -28,6 +28,8 @@ Prints the machine and its load average before and after; exits 0 when every tar
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import os
 import platform
 import random
@@ -46,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from contract.records import EnvironmentSpec, Quota
 from worker import cgroups
 from worker.channel import Channel
-from worker.modes import HostInfo, get_mode
+from worker.modes import HostInfo, Preflight, get_mode
 from worker.modes.base import PAYLOAD_PYTHON
 from worker.modes.native import python_version
 from worker.procs import kill_process, owned_process, spawn_marked
@@ -131,6 +133,12 @@ def _ask(proc: subprocess.Popen[bytes], request: bytes, op: bytes) -> bytes:
     return answer
 
 
+@functools.cache
+def mode_verdict(mode: str, options: str) -> Preflight:
+    """The preflight of ``mode`` with its ``options`` (JSON), asked once for the whole run."""
+    return preflight_of(get_mode(mode, json.loads(options)), HostInfo())
+
+
 def runner_environment(
     mode: str, name: str, scale: float, rounds: int, root: Path, index: int,
     options: dict[str, object] | None = None,
@@ -141,7 +149,7 @@ def runner_environment(
         seed=SEED, scale=scale, rounds=rounds, quota=QUOTA, work_root=str(root),
         mode_options=options or {},
     )  # fmt: skip
-    record = run_environment(spec)
+    record = run_environment(spec, preflight=mode_verdict(mode, json.dumps(spec.mode_options)))
     if record is None or record.outcome != "passed" or record.ready_ms is None:
         detail = record and f"{record.reason}: {record.detail}"
         raise EnvironmentFailed(f"{mode}/{name}: {detail}")
@@ -246,7 +254,7 @@ def ready_minus_spawn(args: argparse.Namespace, root: Path) -> list[str]:
     modes = {m: READY_MODES.get(m, {}) for m in args.modes}
     runnable = {}
     for mode, options in modes.items():
-        verdict = preflight_of(get_mode(mode, options), HostInfo(), options)
+        verdict = mode_verdict(mode, json.dumps(options))
         if verdict.ok:
             runnable[mode] = options
         else:

@@ -13,13 +13,14 @@ import pytest
 import redis
 
 from contract.app import COORDINATOR_QUEUE, RECORDS_QUEUE, TASK_FINALIZE, create_app
+from contract.errors import FleetError
 from contract.outbox import Outbox, add_record
 from contract.records import EnvironmentRecord, EnvironmentSpec
 from contract.signing import CoordinatorKey, HostKey, sign_record
+from coordinator.fleet.clocks import REPORT_EVERY_ENV, FleetClocks
 from coordinator.fleet.coordinator import (
     DUPLICATES_KEY,
     REJECTED_KEY,
-    REPORT_EVERY_ENV,
     REPORT_STALE_KEY,
     STORED_AT_KEY,
     Coordinator,
@@ -160,9 +161,7 @@ def test_a_batch_taken_and_never_handled_comes_back(tmp_path: Path) -> None:
         lab.close()
 
 
-def test_the_report_is_rebuilt_once_for_hosts_that_finish_apart(
-    lab: Lab, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_report_is_rebuilt_once_for_hosts_that_finish_apart(lab: Lab) -> None:
     """A host finalized while others run marks the campaign's report stale (the sweep rebuilds
     it when due), and the host that completes the campaign rebuilds it before it is final."""
     report = lab.store.campaign_dir(CAMPAIGN) / "report.md"
@@ -171,7 +170,7 @@ def test_the_report_is_rebuilt_once_for_hosts_that_finish_apart(
     intake.handle(intake.take())
     assert lab.coordinator.finalize(CAMPAIGN, "lab-a")["finalized"]
     assert not report.exists() and lab.client.sismember(REPORT_STALE_KEY, CAMPAIGN)
-    monkeypatch.setenv(REPORT_EVERY_ENV, "3600")
+    lab.coordinator.clocks = FleetClocks.from_environment({REPORT_EVERY_ENV: "3600"})
     lab.coordinator.refresh_reports(time.time())  # never built here: due at once
     assert report.exists() and not lab.client.sismember(REPORT_STALE_KEY, CAMPAIGN)
     first = report.read_text()
@@ -185,3 +184,14 @@ def test_the_report_is_rebuilt_once_for_hosts_that_finish_apart(
     assert "have no record yet" not in report.read_text()
     assert not lab.client.sismember(REPORT_STALE_KEY, CAMPAIGN)
     assert lab.coordinator.all_finalized(CAMPAIGN)
+
+
+def test_the_coordinator_clocks_come_from_the_environment_once() -> None:
+    """The command reads the clocks once; unset means the default, nonsense is refused."""
+    assert FleetClocks.from_environment({}) == FleetClocks()
+    clocks = FleetClocks.from_environment({REPORT_EVERY_ENV: "3600", "SANDBENCH_LEASE_SLACK": ""})
+    assert clocks.report_every_s == 3600
+    assert clocks.lease_slack_s == FleetClocks().lease_slack_s
+    for bad in ("ten", "-1", "nan", "inf"):
+        with pytest.raises(FleetError, match=r"SANDBENCH_LOST_GRACE=.*number of seconds"):
+            FleetClocks.from_environment({"SANDBENCH_LOST_GRACE": bad})

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import redis
-from celery import Celery, Task
+from celery import Celery
 
 from contract.app import COORDINATOR_QUEUE, TASK_PROVENANCE, TASK_RUN
 from contract.broker import (
@@ -53,38 +53,50 @@ from worker.reaper import reap_if_left
 
 log = logging.getLogger(__name__)
 
-HOST_ENV = "SANDBENCH_HOST"  # set by ``sandbench worker --host``
-WORK_ROOT_ENV = "SANDBENCH_WORK_ROOT"  # set by ``sandbench worker --work-root``
 # The task's result (what Flower lists) starts with this tag and the outcome, so Flower's task
 # search box finds every failed measurement with one filter: ``outcome:failed``.
 OUTCOME_TAG = "outcome:"
 DETAIL_CHARS = 160  # of a failure's detail in the result text (the record keeps it all)
 
-_CLIENTS: dict[tuple[int, str], redis.Redis] = {}
-_HOSTS: dict[tuple[str, str], HostState] = {}
-_OUTBOXES: dict[tuple[int, str], Outbox] = {}
 
+class LabWorker:
+    """This lab host's worker: its name and work root (given to ``sandbench worker``) and what
+    each worker process keeps: its Redis client, its outbox and the gate's view of the host.
 
-def process_client(url: str) -> redis.Redis:
-    """This process's Redis client for ``url`` (a forked pool child gets its own)."""
-    slot = (os.getpid(), url)
-    if slot not in _CLIENTS:
-        _CLIENTS[slot] = redis_client(url)
-    return _CLIENTS[slot]
+    Built once by the command, before Celery forks its pool; a forked child opens its own
+    connections on first use (a connection is never shared across a fork).
+    """
 
+    def __init__(self, app: Celery, name: str, work_root: Path | None = None) -> None:
+        self.app, self.name, self.work_root = app, name, work_root
+        self._pid = 0  # the process the connections below belong to
+        self._connections: tuple[redis.Redis, Outbox] | None = None
+        self._hosts: dict[Path, HostState] = {}
 
-def host_state(spec: EnvironmentSpec) -> HostState:
-    """This process's state of the host it serves (name and work root from ``sandbench worker``)."""
-    name = os.environ.get(HOST_ENV, spec.host)
-    work_root = Path(os.environ.get(WORK_ROOT_ENV, spec.work_root))
-    slot = (name, str(work_root))
-    if slot not in _HOSTS:
-        key = HostKey.load_or_create(default_key_path(), name=name)
-        _HOSTS[slot] = HostState(key, work_root, allowlist=load_allowlist)
-    state = _HOSTS[slot]
-    if state.coordinator is None:  # installed since the last spec: trusted from now on
-        state.coordinator, state.coordinator_from = trusted_coordinator()
-    return state
+    def client(self) -> redis.Redis:
+        """This process's Redis client to the broker."""
+        return self._own()[0]
+
+    def outbox(self) -> Outbox:
+        """This process's outbox to the broker (the records' hand-over)."""
+        return self._own()[1]
+
+    def _own(self) -> tuple[redis.Redis, Outbox]:
+        if self._connections is None or self._pid != os.getpid():  # first use in this process
+            self._pid = os.getpid()
+            self._connections = redis_client(str(self.app.conf.broker_url)), Outbox(self.app)
+        return self._connections
+
+    def host(self, spec: EnvironmentSpec) -> HostState:
+        """The gate's state of this host for ``spec`` (its work root, else the plan's)."""
+        work_root = self.work_root or Path(spec.work_root)
+        if work_root not in self._hosts:
+            key = HostKey.load_or_create(default_key_path(), name=self.name)
+            self._hosts[work_root] = HostState(key, work_root, allowlist=load_allowlist)
+        state = self._hosts[work_root]
+        if state.coordinator is None:  # installed since the last spec: trusted from now on
+            state.coordinator, state.coordinator_from = trusted_coordinator()
+        return state
 
 
 def cell_failed_key(spec: EnvironmentSpec) -> str:
@@ -164,12 +176,12 @@ def claim_attempt(client: redis.Redis, spec: EnvironmentSpec) -> int | None:
     return lost
 
 
-def execute(client: redis.Redis, spec: EnvironmentSpec, sent_at: float | None) -> dict[str, Any]:
+def execute(worker: LabWorker, spec: EnvironmentSpec, sent_at: float | None) -> dict[str, Any]:
     """Run one delivered environment through the gate; its signed record as JSON.
 
     A delivery of an environment already handed over gives ``{"duplicate": key}``.
     """
-    host = host_state(spec)
+    host, client = worker.host(spec), worker.client()
     try:
         admit(spec, host)
     except SpecRefused as exc:
@@ -266,54 +278,44 @@ def provenance_envelope(
     return {**body, "key_id": host.key.key_id, "ed25519": host.key.sign(canonical_json(body))}
 
 
-def send_provenance(
-    app: Celery, client: redis.Redis, spec: EnvironmentSpec, new_verdict: bool
-) -> None:
+def send_provenance(worker: LabWorker, spec: EnvironmentSpec, new_verdict: bool) -> None:
     """Send the host's provenance after its first environment of a campaign and new verdicts."""
+    client = worker.client()
     marker = PROVENANCE_KEY.format(campaign=spec.campaign, host=spec.host)
     if not client.set(marker, "1", nx=True, ex=MARK_TTL_S) and not new_verdict:
         return
-    envelope = provenance_envelope(spec, host_state(spec), clock_against_broker(client))
-    app.send_task(TASK_PROVENANCE, args=[envelope], queue=COORDINATOR_QUEUE,
+    envelope = provenance_envelope(spec, worker.host(spec), clock_against_broker(client))
+    worker.app.send_task(TASK_PROVENANCE, args=[envelope], queue=COORDINATOR_QUEUE,
                   argsrepr=f"{spec.host} {spec.campaign}")  # fmt: skip
 
 
-def process_outbox(app: Celery) -> Outbox:
-    """This process's outbox to ``app``'s broker (a forked pool child gets its own)."""
-    slot = (os.getpid(), str(app.conf.broker_url))
-    if slot not in _OUTBOXES:
-        _OUTBOXES[slot] = Outbox(app)
-    return _OUTBOXES[slot]
-
-
-def hand_over(app: Celery, spec: EnvironmentSpec, record: dict[str, Any]) -> None:
+def hand_over(worker: LabWorker, spec: EnvironmentSpec, record: dict[str, Any]) -> None:
     """Send ``spec``'s signed record to the coordinator and mark the environment done.
 
     One Redis transaction, one fsync: the done mark is set exactly when the record is queued
     (on queue ``records``, which the coordinator's intake takes in batches).
     """
-    outbox = process_outbox(app)
+    outbox = worker.outbox()
     add_record(outbox, record)
     done = DONE_KEY.format(key=spec.key())
     outbox.flush(also=lambda pipe: pipe.set(done, "1", ex=MARK_TTL_S))
 
 
-def register_tasks(app: Celery) -> None:
-    """Define the lab host's task on ``app`` (the coordinator's are sent by name)."""
+def register_tasks(worker: LabWorker) -> None:
+    """Define the lab host's task on ``worker``'s app (the coordinator's are sent by name)."""
 
     # no STARTED state written to the result backend before each environment (an fsync on the
     # way to the runner): Flower shows the start from the task-started event, and the lease's
     # evidence is the host's own started mark (``claim_attempt``)
-    @app.task(name=TASK_RUN, bind=True, track_started=False)  # type: ignore[untyped-decorator]  # celery is untyped
-    def run_environment(self: Task, spec: dict[str, Any], sent_at: float | None = None) -> Any:
+    @worker.app.task(name=TASK_RUN, track_started=False)  # type: ignore[untyped-decorator]  # celery is untyped
+    def run_environment(spec: dict[str, Any], sent_at: float | None = None) -> Any:
         """Run one environment on this host and hand its signed record to the coordinator."""
-        client = process_client(self.app.conf.broker_url)
         planned = EnvironmentSpec.model_validate(spec)
-        known = len(host_state(planned).verdicts)
-        record = execute(client, planned, sent_at)
+        known = len(worker.host(planned).verdicts)
+        record = execute(worker, planned, sent_at)
         if "duplicate" in record:
             return f"duplicate delivery of {record['duplicate']}: already handed over"
-        hand_over(self.app, planned, record)
-        new_verdict = len(host_state(planned).verdicts) > known
-        send_provenance(self.app, client, planned, new_verdict)
+        hand_over(worker, planned, record)
+        new_verdict = len(worker.host(planned).verdicts) > known
+        send_provenance(worker, planned, new_verdict)
         return outcome_text(record)

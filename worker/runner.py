@@ -60,8 +60,6 @@ DIED_WAIT_S = 1.0  # after the channel closes, how long to wait for the exit sta
 # the oracle, cleanup. The campaign's split of its wall time adds these up.
 PHASES = ("prepare", "drive", "oracle", "cleanup")
 
-_PREFLIGHTS: dict[tuple[str, str], Preflight] = {}
-
 
 def run_environment(
     spec: EnvironmentSpec,
@@ -80,7 +78,7 @@ def run_environment(
     workload = get_workload(spec.workload)
     workload.check_rounds(spec.rounds)  # bad input: more rounds than fixtures prepare
     host = host or HostInfo()
-    verdict = preflight or preflight_of(mode, host, spec.mode_options)
+    verdict = preflight or preflight_of(mode, host)
     run = _Run(spec, mode, host, stop, verdict)
     started = time.monotonic()
     try:
@@ -95,15 +93,16 @@ def run_environment(
     return run.record(failure)
 
 
-def preflight_of(mode: Mode, host: HostInfo, options: dict[str, Any]) -> Preflight:
-    """The mode's preflight on this host, computed once per process."""
-    key = (mode.name, repr(sorted(options.items())))
-    if key not in _PREFLIGHTS:
-        try:
-            _PREFLIGHTS[key] = mode.preflight(host)
-        except SandbenchError as exc:
-            _PREFLIGHTS[key] = Preflight(False, str(exc))
-    return _PREFLIGHTS[key]
+def preflight_of(mode: Mode, host: HostInfo) -> Preflight:
+    """The mode's preflight on this host, asked now (a mode whose check raises is not ok).
+
+    Nothing is kept between calls: a caller running many environments asks once and passes the
+    verdict in (the gate's ``HostState`` keeps one per campaign and mode).
+    """
+    try:
+        return mode.preflight(host)
+    except SandbenchError as exc:
+        return Preflight(False, str(exc))
 
 
 class _Run:

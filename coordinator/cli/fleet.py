@@ -90,16 +90,20 @@ def coordinator_cmd(ctx: click.Context, broker: str | None, data: Path, loglevel
     if ctx.invoked_subcommand is not None:
         return
     from contract.app import COORDINATOR_QUEUE
-    from contract.options import DATA_ENV
+    from contract.broker import redis_client
+    from coordinator.fleet.clocks import FleetClocks
     from coordinator.fleet.coordinator import Coordinator, register_tasks
     from coordinator.fleet.intake import Intake
+    from coordinator.store.store import Store
+    from coordinator.store.trust import HostRegistry
 
     data.mkdir(parents=True, exist_ok=True)
-    os.environ[DATA_ENV] = str(data.resolve())
     app = _app(broker)
-    register_tasks(app)
+    clocks = FleetClocks.from_environment(os.environ)  # the one read of the coordinator's clocks
+    client = redis_client(app.conf.broker_url)
+    coordinator = Coordinator(Store(data.resolve()), HostRegistry(), client, app, clocks)
+    register_tasks(coordinator)
     stop = threading.Event()
-    coordinator = Coordinator.from_env(app)
     watcher = threading.Thread(target=coordinator.watch, args=(stop,), daemon=True)
     watcher.start()
     intake = threading.Thread(target=Intake(coordinator).run, args=(stop,), daemon=True)

@@ -11,16 +11,14 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
 import threading
 import time
 import uuid
 from collections.abc import Iterable
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import redis
-from celery import Celery, Task
+from celery import Celery
 from cryptography.exceptions import InvalidSignature
 from pydantic import ValidationError
 
@@ -30,11 +28,9 @@ from contract.app import (
     TASK_FINALIZE,
     TASK_PROVENANCE,
     TASK_STORE,
-    VISIBILITY_TIMEOUT_ENV,
 )
-from contract.broker import ALIVE_KEY, STARTED_KEY, redis_client
+from contract.broker import ALIVE_KEY, STARTED_KEY
 from contract.errors import HostKeyError, RecordRejected, StoreError
-from contract.options import DATA_ENV
 from contract.outbox import Outbox, send_specs
 from contract.records import EnvironmentRecord, EnvironmentSpec
 from contract.signing import (
@@ -44,6 +40,7 @@ from contract.signing import (
     record_key,
     verify_record_data,
 )
+from coordinator.fleet.clocks import FleetClocks
 from coordinator.fleet.leases import Leases
 from coordinator.results.finalize import finalize_host
 from coordinator.store.progress import (
@@ -69,28 +66,9 @@ FINALIZED_KEY = "sandbench:finalized:{campaign}"  # hash host -> fingerprint at 
 FINALIZE_QUEUED_KEY = "sandbench:finalize-queued:{campaign}:{host}"
 FINALIZE_RETRY_S = 30  # seconds after which a host queued but still not finalized is queued again
 REPORT_STALE_KEY = "sandbench:report-stale"  # campaigns whose report misses a finalized host
-# A host finalized while others still run: the campaign's report is rebuilt at most this often
-# (by the sweep), not once per host; the last host's finalization rebuilds it at once.
-REPORT_EVERY_ENV = "SANDBENCH_REPORT_EVERY"
-DEFAULT_REPORT_EVERY_S = 30.0
 DUPLICATES_KEY = "sandbench:duplicates:{campaign}"  # hash host -> records dropped as duplicates
 SWEEP_INTERVAL_S = 2.0
-# A started environment whose worker stopped beating is recorded lost only after its message
-# had time to come back (visibility timeout) and run again; this is extra grace on top.
-LOST_GRACE_ENV = "SANDBENCH_LOST_GRACE"
-DEFAULT_LOST_GRACE_S = 600
 LOST_REASON = "lost: worker stopped mid-environment and the environment did not come back"
-
-
-def data_dir() -> Path:
-    """The coordinator's store directory (``$SANDBENCH_DATA``, default ``./.data``)."""
-    return Path(os.environ.get(DATA_ENV) or DEFAULT_DATA)
-
-
-def lost_after_s() -> float:
-    """Seconds after its start at which a silent, unrecorded environment counts as lost."""
-    visibility = int(os.environ.get(VISIBILITY_TIMEOUT_ENV) or DEFAULT_VISIBILITY_TIMEOUT_S)
-    return visibility + float(os.environ.get(LOST_GRACE_ENV) or DEFAULT_LOST_GRACE_S)
 
 
 def rejection(data: dict[str, Any], reason: str) -> tuple[str, str]:
@@ -104,22 +82,24 @@ def rejection(data: dict[str, Any], reason: str) -> tuple[str, str]:
 class Coordinator:
     """Verifies, stores and finalizes; one per coordinator process."""
 
-    _cached: ClassVar[dict[int, Coordinator]] = {}
-
     def __init__(
-        self, store: Store, registry: HostRegistry, client: redis.Redis, app: Celery
+        self,
+        store: Store,
+        registry: HostRegistry,
+        client: redis.Redis,
+        app: Celery,
+        clocks: FleetClocks | None = None,
     ) -> None:
         self.store, self.registry, self.client, self.app = store, registry, client, app
-        self.leases = Leases(client, self.requeue, self.mark_lost)
+        self.clocks = clocks or FleetClocks()
+        self.leases = Leases(client, self.requeue, self.mark_lost, self.clocks.lease_slack_s)
         self._reported: dict[str, float] = {}  # campaign -> when the sweep last rebuilt its report
 
-    @classmethod
-    def from_env(cls, app: Celery) -> Coordinator:
-        """The process's coordinator for ``app`` (store from ``$SANDBENCH_DATA``)."""
-        if id(app) not in cls._cached:
-            client = redis_client(app.conf.broker_url)
-            cls._cached[id(app)] = cls(Store(data_dir()), HostRegistry(), client, app)
-        return cls._cached[id(app)]
+    def lost_after_s(self) -> float:
+        """Seconds after its start at which a silent, unrecorded environment counts as lost."""
+        transport = self.app.conf.broker_transport_options or {}
+        visibility = transport.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT_S)
+        return float(visibility) + self.clocks.lost_grace_s
 
     # --- records -------------------------------------------------------------------------------
     def check(self, data: dict[str, Any]) -> EnvironmentRecord:
@@ -242,7 +222,7 @@ class Coordinator:
         """Rebuild the stale reports last built at least ``$SANDBENCH_REPORT_EVERY`` s ago."""
         from coordinator.results.report import write_report
 
-        every = float(os.environ.get(REPORT_EVERY_ENV) or DEFAULT_REPORT_EVERY_S)
+        every = self.clocks.report_every_s
         for campaign in sorted(str(c) for c in self.client.smembers(REPORT_STALE_KEY)):
             if now - self._reported.get(campaign, 0.0) < every:
                 continue
@@ -270,7 +250,7 @@ class Coordinator:
         # one MGET per host and sweep, not a GET per missing environment (thousands queued)
         marks = self.client.mget([STARTED_KEY.format(key=s.key()) for s in missing])
         started = [(s, float(m)) for s, m in zip(missing, marks, strict=True) if m is not None]
-        overdue = [s for s, at in started if now - at > lost_after_s()]
+        overdue = [s for s, at in started if now - at > self.lost_after_s()]
         if not overdue:
             return
         beats = self.client.mget([ALIVE_KEY.format(key=s.key()) for s in overdue])
@@ -316,21 +296,22 @@ class Coordinator:
                 log.warning("sweep failed, retrying: %s", exc)
 
 
-def register_tasks(app: Celery) -> None:
-    """Define the coordinator's tasks on ``app`` (the lab hosts' are sent by name)."""
+def register_tasks(coordinator: Coordinator) -> None:
+    """Define ``coordinator``'s tasks on its app (the lab hosts' are sent by name)."""
+    app = coordinator.app
 
     # the store is the record: no result, and no STARTED state written before each one
-    @app.task(name=TASK_STORE, bind=True, ignore_result=True, track_started=False)  # type: ignore[untyped-decorator]  # celery is untyped
-    def store_record(self: Task, record: dict[str, Any]) -> dict[str, Any]:
+    @app.task(name=TASK_STORE, ignore_result=True, track_started=False)  # type: ignore[untyped-decorator]  # celery is untyped
+    def store_record(record: dict[str, Any]) -> dict[str, Any]:
         """Verify and store one record; finalize its host when every environment has one."""
-        return Coordinator.from_env(self.app).accept(record)
+        return coordinator.accept(record)
 
-    @app.task(name=TASK_PROVENANCE, bind=True)  # type: ignore[untyped-decorator]  # celery is untyped
-    def store_provenance(self: Task, envelope: dict[str, Any]) -> dict[str, Any]:
+    @app.task(name=TASK_PROVENANCE)  # type: ignore[untyped-decorator]  # celery is untyped
+    def store_provenance(envelope: dict[str, Any]) -> dict[str, Any]:
         """Verify and store one host's provenance for a campaign."""
-        return Coordinator.from_env(self.app).accept_provenance(envelope)
+        return coordinator.accept_provenance(envelope)
 
-    @app.task(name=TASK_FINALIZE, bind=True)  # type: ignore[untyped-decorator]  # celery is untyped
-    def finalize(self: Task, campaign: str, host: str) -> dict[str, Any]:
+    @app.task(name=TASK_FINALIZE)  # type: ignore[untyped-decorator]  # celery is untyped
+    def finalize(campaign: str, host: str) -> dict[str, Any]:
         """Re-apply the rule from the stored records and write one host's results."""
-        return Coordinator.from_env(self.app).finalize(campaign, host)
+        return coordinator.finalize(campaign, host)

@@ -21,7 +21,6 @@ gives every host a fresh bound rather than a stale one.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,10 +33,6 @@ from worker.presence import host_alive
 
 log = logging.getLogger("sandbench.coordinator")
 
-LEASE_SLACK_ENV = "SANDBENCH_LEASE_SLACK"
-# Beyond its limit an environment needs preparation (a fixture built at full scale, an image),
-# cleanup and hand-over: this much per environment ahead in the queue.
-DEFAULT_LEASE_SLACK_S = 300.0
 REQUEUED_KEY = "sandbench:requeued:{campaign}"  # hash env key -> wall time it was queued again
 GONE_REASON = "lost: queued but never started, and no worker of host {host} is alive"
 REQUEUE_FAILED_REASON = "lost: queued, queued again once, and never started"
@@ -46,14 +41,10 @@ Requeue = Callable[[EnvironmentSpec], None]
 MarkLost = Callable[[str, str, EnvironmentSpec, str], None]
 
 
-def lease_slack_s() -> float:
-    """Seconds allowed per environment beyond its limit (``$SANDBENCH_LEASE_SLACK``)."""
-    return float(os.environ.get(LEASE_SLACK_ENV) or DEFAULT_LEASE_SLACK_S)
-
-
-def lease_s(spec: EnvironmentSpec, position: int) -> float:
-    """How long after the host's last progress the unstarted ``spec`` at ``position`` may wait."""
-    return (position + 1) * (spec.limit_s + lease_slack_s())
+def lease_s(spec: EnvironmentSpec, position: int, slack_s: float) -> float:
+    """How long after the host's last progress the unstarted ``spec`` at ``position`` may wait
+    (``slack_s`` per environment beyond its limit: ``FleetClocks.lease_slack_s``)."""
+    return (position + 1) * (spec.limit_s + slack_s)
 
 
 @dataclass
@@ -67,8 +58,11 @@ class _Clock:
 class Leases:
     """The lease sweep over queued environments (one per coordinator process)."""
 
-    def __init__(self, client: redis.Redis, requeue: Requeue, mark_lost: MarkLost) -> None:
+    def __init__(
+        self, client: redis.Redis, requeue: Requeue, mark_lost: MarkLost, slack_s: float
+    ) -> None:
         self.client, self.requeue, self.mark_lost = client, requeue, mark_lost
+        self.slack_s = slack_s
         self._clocks: dict[tuple[str, str], _Clock] = {}
 
     def unstarted(self, progress: HostProgress) -> tuple[list[EnvironmentSpec], int]:
@@ -105,7 +99,7 @@ class Leases:
         handled = 0
         for position, spec in enumerate(never):
             again = requeued.get(spec.key())
-            if now - max(since, float(again or 0)) <= lease_s(spec, position):
+            if now - max(since, float(again or 0)) <= lease_s(spec, position, self.slack_s):
                 continue
             alive = host_alive(self.client, progress.host) if alive is None else alive
             handled += 1

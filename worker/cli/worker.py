@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -30,7 +29,7 @@ def worker_cmd(host: str, broker: str | None, work_root: Path | None, loglevel: 
     from contract.app import host_queue
     from contract.signing import HostKey, default_key_path
     from worker.config import trusted_coordinator
-    from worker.fleet import HOST_ENV, WORK_ROOT_ENV, register_tasks
+    from worker.fleet import LabWorker, register_tasks
     from worker.hostcheck import require_quota
     from worker.presence import add_presence
 
@@ -44,15 +43,14 @@ def worker_cmd(host: str, broker: str | None, work_root: Path | None, loglevel: 
     click.echo(f"host {host}: runs specs signed by coordinator key {source}" if trusted else
                f"host {host}: WARNING: trusts no coordinator key ({source}): every spec will be "
                "refused until 'sandbench host trust-coordinator FILE'", err=True)  # fmt: skip
-    os.environ[HOST_ENV] = host
     if work_root is not None:
         work_root.mkdir(parents=True, exist_ok=True)
-        os.environ[WORK_ROOT_ENV] = str(work_root.resolve())
+        work_root = work_root.resolve()
     _reap_at_start(work_root or DEFAULT_WORK_ROOT)
     from contract.app import create_app
 
     app = create_app(broker)
-    register_tasks(app)
+    register_tasks(LabWorker(app, host, work_root))
     add_presence(app, host)
     app.worker_main(
         [
