@@ -30,6 +30,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +89,7 @@ def run_environment(
     finally:
         with run.timed("cleanup"):
             run.cleanup()
-        run.fields["wall_s"] = time.monotonic() - started  # the whole environment's cost
-        run.fields["phases"] = {f"{name}_s": round(s, 6) for name, s in run.phases.items()}
+        run.seen.wall_s = time.monotonic() - started  # the whole environment's cost
     return run.record(failure)
 
 
@@ -103,6 +103,39 @@ def preflight_of(mode: Mode, host: HostInfo) -> Preflight:
         return mode.preflight(host)
     except SandbenchError as exc:
         return Preflight(False, str(exc))
+
+
+@dataclass
+class Observed:
+    """What the runner has seen of one environment so far: the record's measured fields, and two
+    facts that become its failure rather than fields (``oom``, ``modified``)."""
+
+    started_at: str | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)  # free-form facts of the record
+    ready_ms: float | None = None
+    rounds: list[RoundRecord] = field(default_factory=list)
+    exit_code: int | None = None
+    leftover_processes: int | None = None
+    cpu_s: float | None = None
+    payload_cpu_s: float | None = None  # what the payload reported at its last done line
+    peak_memory_bytes: int | None = None
+    oracle: OracleResult | None = None
+    original_intact: bool | None = None  # staged modes: the original workspace unchanged
+    wall_s: float | None = None
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    oom: bool = False  # the cgroup (or the mode's own) saw an OOM kill
+    modified: str | None = None  # how a staged mode's original workspace changed
+
+    def record_fields(self) -> dict[str, Any]:
+        """The fields of the record (``phases`` as ``<phase>_s`` seconds)."""
+        return {
+            "started_at": self.started_at, "provenance": self.provenance,
+            "ready_ms": self.ready_ms, "rounds": self.rounds, "exit_code": self.exit_code,
+            "leftover_processes": self.leftover_processes, "cpu_s": self.cpu_s,
+            "payload_cpu_s": self.payload_cpu_s, "peak_memory_bytes": self.peak_memory_bytes,
+            "oracle": self.oracle, "original_intact": self.original_intact, "wall_s": self.wall_s,
+            "phases": {f"{name}_s": round(s, 6) for name, s in self.phases.items()},
+        }  # fmt: skip
 
 
 class _Run:
@@ -119,7 +152,7 @@ class _Run:
         self.spec, self.mode, self.host, self.stop = spec, mode, host, stop
         self.preflight = preflight
         self.work_root = Path(spec.work_root).resolve()
-        self.fields: dict[str, Any] = {"rounds": []}
+        self.seen = Observed()
         self.cgroup: cgroups.Cgroup | None = None
         self.env: EnvContext | None = None
         self.base: Path | None = None
@@ -128,13 +161,12 @@ class _Run:
         self.prepared = False
         self.fixture: Path | None = None
         self.problems: list[str] = []  # cleanup trouble, noted in the provenance
-        self.phases: dict[str, float] = dict.fromkeys(PHASES, 0.0)  # where the wall time went
 
     # -- the protocol ---------------------------------------------------------------------
     def execute(self, workload: Any) -> Failed | None:
         """Prepare, launch, drive, check: the first failure (classified), or None if passed."""
-        self.fields["started_at"] = utc_now()
-        self.fields["provenance"] = self._provenance(self.preflight)
+        self.seen.started_at = utc_now()
+        self.seen.provenance = self._provenance(self.preflight)
         try:
             self._check_stop()
             with self.timed("prepare"):
@@ -142,7 +174,7 @@ class _Run:
             with self.timed("drive"):
                 self._launch_and_drive()
             self._account()
-            if self.fields.get("oom"):  # the quota was exceeded, even if the task recovered
+            if self.seen.oom:  # the quota was exceeded, even if the task recovered
                 raise Failed("oom", "a process of the environment was OOM-killed")
             self._check_cpu()
             with self.timed("oracle"):
@@ -168,7 +200,7 @@ class _Run:
             env_dir.mkdir(parents=True)
             fixtures = self.work_root / "fixtures"
             fixture = ensure_fixture(spec.workload, spec.seed, spec.scale, fixtures)
-            self.fields["provenance"]["workspace_copy"] = copy_fixture(fixture, workspace)
+            self.seen.provenance["workspace_copy"] = copy_fixture(fixture, workspace)
             self.fixture = fixture
         except SandbenchError:  # bad input (a scale the workload refuses): not a result
             raise
@@ -179,7 +211,7 @@ class _Run:
             quota = quota.model_copy(update={"memory_bytes": quota.memory_bytes + overhead})
         self.cgroup = cgroup  # set first: cleanup removes a half-created cgroup
         cgroup.create(quota)
-        self.fields["provenance"]["cgroup"] = self.cgroup.facts()  # the quota as applied
+        self.seen.provenance["cgroup"] = self.cgroup.facts()  # the quota as applied
         self.env = EnvContext(spec, workspace, env_dir, self.cgroup.path)
         try:
             self.prepared = True
@@ -216,7 +248,7 @@ class _Run:
         channel = Channel(self.proc.stdin, self.proc.stdout, self.stop)
         try:
             ready = self._ready(channel, deadline)
-            self.fields["ready_ms"] = (ready.arrived_ns - t0) / 1e6
+            self.seen.ready_ms = (ready.arrived_ns - t0) / 1e6
             self._check_placement("after Ready")
             self._check(channel, 0, deadline)  # not timed: the payload prepares round 1's inputs
             for k in range(1, self.spec.rounds + 1):
@@ -260,7 +292,7 @@ class _Run:
         checked = self._check(channel, k, deadline)
         validated = checked.body.get("validated") is True
         digest = checked.body.get("digest") or message.body.get("digest")
-        self.fields["rounds"].append(
+        self.seen.rounds.append(
             RoundRecord(k=k, task_s=task_s, validated=validated, digest=_text(digest))
         )
         if not validated:
@@ -301,7 +333,7 @@ class _Run:
         code = self._wait_exit(deadline)
         if code is None:
             raise Failed("timeout", f"{self._limit()} reached with the launcher still running")
-        self.fields["exit_code"] = code
+        self.seen.exit_code = code
         self._kill_leftovers()
         if code != 0:
             raise Failed("nonzero-exit", f"launcher exited with status {code}{self._stderr()}")
@@ -314,7 +346,7 @@ class _Run:
         """
         assert self.cgroup is not None
         left = self.cgroup.pids()
-        self.fields["leftover_processes"] = len(left)
+        self.seen.leftover_processes = len(left)
         if left:
             self._kill()
 
@@ -335,11 +367,12 @@ class _Run:
         """Kill what is left, then read CPU time, peak memory and OOM kills from the cgroup."""
         if self.proc is not None:
             self._kill()
-            self.fields.setdefault("exit_code", self.proc.returncode)
+            if self.seen.exit_code is None:
+                self.seen.exit_code = self.proc.returncode
         if self.cgroup is not None:
-            self.fields["cpu_s"] = self.cgroup.cpu_seconds()
-            self.fields["peak_memory_bytes"] = self.cgroup.peak_memory()
-            self.fields["oom"] = self.cgroup.oom_killed() or self._mode_oom()
+            self.seen.cpu_s = self.cgroup.cpu_seconds()
+            self.seen.peak_memory_bytes = self.cgroup.peak_memory()
+            self.seen.oom = self.cgroup.oom_killed() or self._mode_oom()
 
     def _mode_oom(self) -> bool:
         """The mode's own OOM verdict (a sandbox with its own memory cgroup), before cleanup."""
@@ -355,7 +388,7 @@ class _Run:
         """Keep the CPU time the payload reported for itself at its done line."""
         cpu_s = done.body.get("cpu_s")
         if isinstance(cpu_s, int | float) and not isinstance(cpu_s, bool):
-            self.fields["payload_cpu_s"] = float(cpu_s)
+            self.seen.payload_cpu_s = float(cpu_s)
 
     def _check_placement(self, when: str) -> None:
         """Every process of the launcher's tree is inside the environment's cgroup."""
@@ -366,7 +399,7 @@ class _Run:
 
     def _check_cpu(self) -> None:
         """The cgroup saw (nearly) all the CPU time the payload reports for itself."""
-        cpu_s, payload = self.fields.get("cpu_s"), self.fields.get("payload_cpu_s")
+        cpu_s, payload = self.seen.cpu_s, self.seen.payload_cpu_s
         floor = self.mode.reported_cpu_floor
         if cpu_s is not None and (problem := containment.cpu_problem(cpu_s, payload, floor)):
             raise Failed("quota-escaped", problem)
@@ -383,25 +416,25 @@ class _Run:
             mismatches = list(compare(self.mode.result_root(self.env), model))
         except Exception as exc:  # noqa: BLE001 -- an oracle that cannot even look is a mismatch, with why
             mismatches = [f"oracle could not compare: {exc}"]
-        self.fields["oracle"] = OracleResult(ok=not mismatches, mismatches=mismatches[:100])
+        self.seen.oracle = OracleResult(ok=not mismatches, mismatches=mismatches[:100])
         self._check_original()
         if mismatches:
             raise Failed("oracle-mismatch", "; ".join(mismatches[:5]))
-        if self.fields.get("original_intact") is False:
-            raise Failed("workspace-modified", self.fields.pop("_modified"))
+        if self.seen.original_intact is False:
+            raise Failed("workspace-modified", self.seen.modified or "original workspace changed")
 
     def _check_original(self) -> None:
         """For staged modes: is the original workspace byte-identical to its snapshot?"""
         if self.original is None or self.env is None:
             return
         changes = snapshot_diff(self.original, snapshot(self.env.workspace))
-        self.fields["original_intact"] = not changes
+        self.seen.original_intact = not changes
         if changes:
-            self.fields["_modified"] = "original workspace changed: " + "; ".join(changes[:5])
+            self.seen.modified = "original workspace changed: " + "; ".join(changes[:5])
 
     def _classify(self, failure: Failed) -> Failed:
         """The real cause (OOM kill or full disk outrank their symptom), with the mode's context."""
-        failure = real_cause(failure, bool(self.fields.get("oom")), self._stderr())
+        failure = real_cause(failure, self.seen.oom, self._stderr())
         if self.env is not None and (context := self._failure_context()):
             failure.detail = f"{failure.detail}; {context}"
         return failure
@@ -416,7 +449,7 @@ class _Run:
 
     def record(self, failure: Failed | None) -> EnvironmentRecord:
         """The record of this environment."""
-        fields = {k: v for k, v in self.fields.items() if not k.startswith("_") and k != "oom"}
+        fields = self.seen.record_fields()
         if failure is None:
             fields.update(outcome="passed")
         else:
@@ -433,7 +466,7 @@ class _Run:
         try:
             yield
         finally:
-            self.phases[phase] += time.monotonic() - start
+            self.seen.phases[phase] += time.monotonic() - start
 
     def _provenance(self, preflight: Preflight) -> dict[str, Any]:
         """Per-environment facts: the mode's preflight, the cgroup version, the payload."""
@@ -457,7 +490,7 @@ class _Run:
                 self.proc.wait(timeout=DIED_WAIT_S)
         code = self.proc.poll()
         if code is not None:
-            self.fields["exit_code"] = code
+            self.seen.exit_code = code
             what += f" (launcher exit status {code})"
             if before_ready and code in LAUNCH_FAILURE_CODES:
                 raise Failed("launcher-error", what + self._stderr())
@@ -522,7 +555,7 @@ class _Run:
         if self.base is not None and not problems:  # else the entry stays: the reaper finishes
             ledger.release(self.work_root, self.base.name)
         if problems:
-            self.fields.setdefault("provenance", {})["cleanup"] = problems
+            self.seen.provenance["cleanup"] = problems
 
 
 def _text(value: Any) -> str | None:
