@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypedDict
 
 import redis
 from celery import Celery
@@ -42,7 +42,7 @@ from contract.signing import (
 )
 from coordinator.fleet.clocks import FleetClocks
 from coordinator.fleet.leases import Leases
-from coordinator.results.finalize import finalize_host
+from coordinator.results.finalize import FinalizedJSON, finalize_host
 from coordinator.store.progress import (
     LOST_FILE,
     HostProgress,
@@ -71,10 +71,37 @@ SWEEP_INTERVAL_S = 2.0
 LOST_REASON = "lost: worker stopped mid-environment and the environment did not come back"
 
 
+class Stored(TypedDict):
+    """A ``store_record`` task's result: the record's key, and False for a duplicate dropped."""
+
+    key: str
+    stored: bool
+
+
+class Refused(TypedDict):
+    """A task's result for a record or provenance that was not stored, and why."""
+
+    rejected: str
+
+
+class ProvenanceStored(TypedDict):
+    """A ``store_provenance`` task's result: whose provenance was stored."""
+
+    provenance: str
+
+
+class Rejection(TypedDict):
+    """A rejection as the coordinator's Redis list keeps it (``sandbench status`` counts them)."""
+
+    host: object  # as the rejected message named it (perhaps no host at all)
+    reason: str
+    at: float
+
+
 def rejection(data: dict[str, Any], reason: str) -> tuple[str, str]:
     """Log a record that must not be stored; the Redis list and entry that count it."""
     campaign = str(data.get("campaign", "unknown"))
-    entry = {"host": data.get("host"), "reason": reason, "at": time.time()}
+    entry = Rejection(host=data.get("host"), reason=reason, at=time.time())
     log.warning("record rejected: %s", reason)
     return REJECTED_KEY.format(campaign=campaign), json.dumps(entry)
 
@@ -125,7 +152,7 @@ class Coordinator:
             raise RecordRejected(f"{record.key()}: no such environment was planned")
         return record
 
-    def accept(self, data: dict[str, Any]) -> dict[str, Any]:
+    def accept(self, data: dict[str, Any]) -> Stored | Refused:
         """Store one record from the wire if it verifies; finalize its host when complete."""
         try:
             record = self.check(data)
@@ -137,19 +164,19 @@ class Coordinator:
             log.info("duplicate record %s dropped (already stored)", record.key())
             self.client.hincrby(DUPLICATES_KEY.format(campaign=record.campaign), record.host, 1)
         self.maybe_finalize(record.campaign, record.host)
-        return {"key": record.key(), "stored": added}
+        return Stored(key=record.key(), stored=added)
 
-    def reject(self, data: dict[str, Any], reason: str) -> dict[str, Any]:
+    def reject(self, data: dict[str, Any], reason: str) -> Refused:
         """Log and count a record that must not be stored."""
         self.client.rpush(*rejection(data, reason))
-        return {"rejected": reason}
+        return Refused(rejected=reason)
 
-    def rejected(self, campaign: str) -> list[dict[str, Any]]:
+    def rejected(self, campaign: str) -> list[Rejection]:
         """Every rejection logged for ``campaign``."""
         raw = self.client.lrange(REJECTED_KEY.format(campaign=campaign), 0, -1)
         return [json.loads(x) for x in raw]
 
-    def accept_provenance(self, envelope: dict[str, Any]) -> dict[str, Any]:
+    def accept_provenance(self, envelope: dict[str, Any]) -> ProvenanceStored | Refused:
         """Store a host's signed provenance if its registered key signed it."""
         host, campaign = str(envelope.get("host")), str(envelope.get("campaign"))
         body = {"campaign": campaign, "host": host, "facts": envelope.get("facts")}
@@ -166,7 +193,7 @@ class Coordinator:
         earlier = self.store.provenance(campaign, host).get("modes", {})
         facts["modes"] = {**earlier, **facts.get("modes", {})}  # verdicts arrive as modes run
         self.store.write_provenance(campaign, host, facts)
-        return {"provenance": host}
+        return ProvenanceStored(provenance=host)
 
     # --- finalization --------------------------------------------------------------------------
     def maybe_finalize(self, campaign: str, host: str, outbox: Outbox | None = None) -> bool:
@@ -194,7 +221,7 @@ class Coordinator:
             )
         return True
 
-    def finalize(self, campaign: str, host: str) -> dict[str, Any]:
+    def finalize(self, campaign: str, host: str) -> FinalizedJSON:
         """``finalize_host``, then mark the host finalized as it stands (and the campaign done).
 
         The campaign's report is rebuilt by the host that completes the campaign, before it is
@@ -302,16 +329,16 @@ def register_tasks(coordinator: Coordinator) -> None:
 
     # the store is the record: no result, and no STARTED state written before each one
     @app.task(name=TASK_STORE, ignore_result=True, track_started=False)  # type: ignore[untyped-decorator]  # celery is untyped
-    def store_record(record: dict[str, Any]) -> dict[str, Any]:
+    def store_record(record: dict[str, Any]) -> Stored | Refused:
         """Verify and store one record; finalize its host when every environment has one."""
         return coordinator.accept(record)
 
     @app.task(name=TASK_PROVENANCE)  # type: ignore[untyped-decorator]  # celery is untyped
-    def store_provenance(envelope: dict[str, Any]) -> dict[str, Any]:
+    def store_provenance(envelope: dict[str, Any]) -> ProvenanceStored | Refused:
         """Verify and store one host's provenance for a campaign."""
         return coordinator.accept_provenance(envelope)
 
     @app.task(name=TASK_FINALIZE)  # type: ignore[untyped-decorator]  # celery is untyped
-    def finalize(campaign: str, host: str) -> dict[str, Any]:
+    def finalize(campaign: str, host: str) -> FinalizedJSON:
         """Re-apply the rule from the stored records and write one host's results."""
         return coordinator.finalize(campaign, host)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 import redis
 
@@ -19,6 +19,41 @@ from worker.presence import host_alive, host_last_seen
 LOST_PREFIX = "lost: "
 
 
+class FailureLine(TypedDict):
+    """A failed or lost environment of a host, with the task id to rerun it by."""
+
+    key: str
+    task_id: str | None
+    reason: str | None
+    superseded: bool  # a later attempt of its cell was planned
+
+
+class HostStatusJSON(TypedDict):
+    """One host's status as ``sandbench status --json`` prints it (``HostStatus.as_dict``)."""
+
+    host: str
+    planned: int
+    outcomes: dict[str, int]
+    lost: int
+    running: list[str]
+    left: int
+    finalized: bool
+    failures: list[FailureLine]
+    requeued: int
+    duplicates: int
+    refused: dict[str, int]
+    worker: str
+
+
+class CampaignStatus(TypedDict):
+    """A campaign's status: every host's, the count of rejected records, whether all finished."""
+
+    campaign: str
+    hosts: list[HostStatusJSON]
+    rejected: int
+    finished: bool
+
+
 @dataclass
 class HostStatus:
     """One host's line of ``sandbench status``."""
@@ -30,13 +65,13 @@ class HostStatus:
     running: list[str]
     left: int
     finalized: bool
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[FailureLine] = field(default_factory=list)
     requeued: int = 0  # queued but never started, then queued again (coordinator.fleet.leases)
     duplicates: int = 0  # records that arrived again for a stored key and were dropped
     refused: dict[str, int] = field(default_factory=dict)  # reason -> specs its worker refused
     worker: str = "unknown"  # "alive", "gone" (seen before) or "never seen" on this broker
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> HostStatusJSON:
         """JSON form for ``--json``."""
         return {
             "host": self.host,
@@ -54,12 +89,12 @@ class HostStatus:
         }
 
 
-def _failures(progress: HostProgress) -> list[dict[str, Any]]:
+def _failures(progress: HostProgress) -> list[FailureLine]:
     """Failed and lost environments of one host with their task ids."""
     latest: dict[tuple[str, str, str], int] = {}
     for s in progress.planned:
         latest[s.cell()] = max(latest.get(s.cell(), 0), s.attempt)
-    out = [
+    out: list[FailureLine] = [
         {
             "key": r.key(),
             "task_id": r.task_id,
@@ -124,7 +159,7 @@ def worker_state(client: redis.Redis, host: str) -> str:
     return "gone" if host_last_seen(client, host) is not None else "never seen"
 
 
-def campaign_status(store: Store, client: redis.Redis | None, campaign: str) -> dict[str, Any]:
+def campaign_status(store: Store, client: redis.Redis | None, campaign: str) -> CampaignStatus:
     """Every host's status plus the rejected records of ``campaign``."""
     hosts = store.load_campaign(campaign).hosts
     statuses = [host_status(store, client, campaign, h) for h in hosts]
@@ -137,7 +172,7 @@ def campaign_status(store: Store, client: redis.Redis | None, campaign: str) -> 
     }
 
 
-def format_status(status: dict[str, Any]) -> str:
+def format_status(status: CampaignStatus) -> str:
     """The human-readable status: one line per host, then failures and rejections."""
     lines = [f"campaign {status['campaign']}"]
     for h in status["hosts"]:
@@ -148,17 +183,17 @@ def format_status(status: dict[str, Any]) -> str:
             f"{o.get('failed', 0)} failed, {o.get('not-run', 0)} not run, {h['lost']} lost, "
             f"{len(h['running'])} running, {state}"
         )
-        if h.get("requeued") or h.get("duplicates"):
+        if h["requeued"] or h["duplicates"]:
             lines.append(
-                f"    {h.get('requeued', 0)} queued again (never started), "
-                f"{h.get('duplicates', 0)} duplicate records dropped"
+                f"    {h['requeued']} queued again (never started), "
+                f"{h['duplicates']} duplicate records dropped"
             )
-        for reason, count in h.get("refused", {}).items():
+        for reason, count in h["refused"].items():
             lines.append(f"    refused {count}: {reason} (nothing ran, no record)")
-        if h.get("worker") == "never seen":
+        if h["worker"] == "never seen":
             lines.append(f"    worker not seen: no 'sandbench worker --host {h['host']}' has "
                          "reached this broker")  # fmt: skip
-        elif h.get("worker") == "gone" and not h["finalized"]:
+        elif h["worker"] == "gone" and not h["finalized"]:
             lines.append("    worker gone: its host-alive key expired (stopped or cut off)")
         for f in h["failures"]:
             mark = " (superseded)" if f["superseded"] else ""

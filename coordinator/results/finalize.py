@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import msgspec
 
@@ -27,6 +27,16 @@ from coordinator.store.views import OUTCOME_DECODER
 log = logging.getLogger("sandbench.coordinator")
 
 
+class FinalizedJSON(TypedDict):
+    """A ``finalize_host`` task's result: finalized (with the rule's violations) or not yet
+    (with how many environments are missing)."""
+
+    host: str
+    finalized: bool
+    missing: NotRequired[int]
+    violations: NotRequired[list[str]]
+
+
 @dataclass
 class Finalized:
     """What finalizing a host found: completeness, rule violations, the report's files."""
@@ -38,15 +48,12 @@ class Finalized:
     violations: list[Violation] = field(default_factory=list)
     report: dict[str, Any] = field(default_factory=dict)  # write_report's paths and analysis
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> FinalizedJSON:
         """JSON form (a Celery task's result)."""
         if not self.complete:
-            return {"host": self.host, "finalized": False, "missing": self.missing}
-        return {
-            "host": self.host,
-            "finalized": True,
-            "violations": [str(v) for v in self.violations],
-        }
+            return FinalizedJSON(host=self.host, finalized=False, missing=self.missing)
+        violations = [str(v) for v in self.violations]
+        return FinalizedJSON(host=self.host, finalized=True, violations=violations)
 
 
 def host_outcomes(store: Store, campaign: str, host: str) -> Sequence[JudgedRecord]:

@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from contract.errors import HostKeyError
 from contract.files import write_atomic
@@ -24,6 +24,37 @@ from contract.signing import CoordinatorKey, fingerprint, public_key_from_b64
 from contract.stamps import utc_now
 
 REGISTRY_FILE = "hosts.json"
+
+
+class ReplacedKey(TypedDict):
+    """A host key that another replaced (kept on file, for the record)."""
+
+    public_key: str
+    added_at: str
+    replaced_at: str
+
+
+class HostEntry(TypedDict):
+    """A registered lab host: its base64 public key, when it was added, the keys it replaced."""
+
+    public_key: str
+    added_at: str
+    replaced: NotRequired[list[ReplacedKey]]
+
+
+class CoordinatorEntry(TypedDict):
+    """A trusted coordinator key (by fingerprint in the file), when it was added, and whose."""
+
+    public_key: str
+    added_at: str
+    label: str
+
+
+class Registry(TypedDict):
+    """The registry file: hosts by name, coordinator keys by fingerprint."""
+
+    hosts: dict[str, HostEntry]
+    coordinators: dict[str, CoordinatorEntry]
 
 
 def default_registry_path() -> Path:
@@ -36,9 +67,9 @@ class HostRegistry:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = Path(path) if path is not None else default_registry_path()
-        self._cache: tuple[tuple[int, int, int], dict[str, Any]] | None = None
+        self._cache: tuple[tuple[int, int, int], Registry] | None = None
 
-    def _read(self) -> dict[str, Any]:
+    def _read(self) -> Registry:
         """The registry as stored (parsed again only when the file changed: verify asks per
         record). Callers that change it work on a copy."""
         try:
@@ -49,7 +80,7 @@ class HostRegistry:
         if self._cache is not None and self._cache[0] == stamp:
             return self._cache[1]
         try:
-            data: dict[str, Any] = json.loads(self.path.read_text())
+            data: Registry = json.loads(self.path.read_text())
         except (OSError, ValueError) as exc:
             raise HostKeyError(f"{self.path}: unreadable host registry ({exc})") from exc
         data.setdefault("hosts", {})
@@ -57,12 +88,12 @@ class HostRegistry:
         self._cache = (stamp, data)
         return data
 
-    def _read_for_change(self) -> dict[str, Any]:
+    def _read_for_change(self) -> Registry:
         """A fresh copy of the registry to change and write back (under the lock)."""
         self._cache = None
         return copy.deepcopy(self._read())
 
-    def _write(self, data: dict[str, Any]) -> None:
+    def _write(self, data: Registry) -> None:
         write_atomic(self.path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
     @contextmanager
@@ -85,9 +116,12 @@ class HostRegistry:
             if old is not None and not replace:
                 raise self._changed_key(name, old["public_key"], pubkey_b64)
             added = utc_now()
-            entry: dict[str, Any] = {"public_key": pubkey_b64, "added_at": added}
+            entry: HostEntry = {"public_key": pubkey_b64, "added_at": added}
             if old is not None:  # the replaced key stays on file, for the record
-                entry["replaced"] = [*old.pop("replaced", []), {**old, "replaced_at": added}]
+                gone = ReplacedKey(
+                    public_key=old["public_key"], added_at=old["added_at"], replaced_at=added
+                )
+                entry["replaced"] = [*old.get("replaced", []), gone]
             data["hosts"][name] = entry
             self._write(data)
         return True
@@ -117,7 +151,7 @@ class HostRegistry:
             if fingerprint(pubkey_b64) in data["coordinators"]:
                 return False
             added = utc_now()
-            entry = {"public_key": pubkey_b64, "added_at": added, "label": label}
+            entry = CoordinatorEntry(public_key=pubkey_b64, added_at=added, label=label)
             data["coordinators"][fingerprint(pubkey_b64)] = entry
             self._write(data)
         return True
@@ -125,12 +159,11 @@ class HostRegistry:
     def coordinator_key(self, fingerprint_: str) -> str | None:
         """The trusted coordinator public key with this fingerprint, if any."""
         entry = self._read()["coordinators"].get(fingerprint_)
-        return None if entry is None else str(entry["public_key"])
+        return None if entry is None else entry["public_key"]
 
-    def coordinators(self) -> dict[str, dict[str, Any]]:
+    def coordinators(self) -> dict[str, CoordinatorEntry]:
         """Every trusted coordinator key by fingerprint."""
-        found: dict[str, dict[str, Any]] = self._read()["coordinators"]
-        return found
+        return self._read()["coordinators"]
 
     def _changed_key(self, name: str, registered: str, presented: str) -> HostKeyError:
         """The refusal of another key under a registered name, with the command to replace it."""
@@ -150,17 +183,15 @@ class HostRegistry:
                 f"host '{name}' is not in {self.path}; "
                 f"add it with 'sandbench hosts add {name} PUBKEY'"
             )
-        key: str = entry["public_key"]
-        return key
+        return entry["public_key"]
 
     def names(self) -> list[str]:
         """Registered host names, sorted."""
         return sorted(self._read()["hosts"])
 
-    def entries(self) -> dict[str, dict[str, Any]]:
+    def entries(self) -> dict[str, HostEntry]:
         """Every registered host with its key, registration time and replaced keys."""
-        hosts: dict[str, dict[str, Any]] = self._read()["hosts"]
-        return hosts
+        return self._read()["hosts"]
 
     def __contains__(self, name: object) -> bool:
         return name in self._read()["hosts"]
