@@ -49,12 +49,11 @@ from contract.records import EnvironmentSpec, Quota
 from worker import cgroups
 from worker.channel import Channel
 from worker.modes import HostInfo, Preflight, get_mode
-from worker.modes.base import PAYLOAD_PYTHON
 from worker.modes.native import python_version
 from worker.procs import kill_process, owned_process, spawn_marked
 from worker.runner import preflight_of, run_environment
 from worker.workroot import syncfs
-from workloads.drive import payload_argv
+from workloads.drive import PAYLOAD_PYTHON, payload_argv
 from workloads.fixtures import copy_fixture, ensure_fixture
 from workloads.registry import WORKLOADS, resolve
 

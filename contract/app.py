@@ -18,7 +18,6 @@ redis-py all read these query options.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -26,6 +25,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from celery import Celery
 
 from contract.broker import broker_address, host_port
+from contract.environ import setting
 from contract.errors import FleetError
 from contract.records import EnvironmentSpec
 
@@ -74,7 +74,7 @@ def describe(spec: EnvironmentSpec) -> str:
 
 def broker_url(explicit: str | None = None) -> str:
     """The broker URL (``explicit``, else ``$SANDBENCH_BROKER``, else local Redis), checked."""
-    return checked_broker_url(explicit or os.environ.get(BROKER_ENV) or DEFAULT_BROKER)
+    return checked_broker_url(explicit or setting(BROKER_ENV) or DEFAULT_BROKER)
 
 
 def checked_broker_url(url: str) -> str:
@@ -105,7 +105,7 @@ def checked_broker_url(url: str) -> str:
 
 def _env_int(name: str, default: int) -> int:
     """Integer setting ``name`` from the environment, ``default`` when unset."""
-    value = os.environ.get(name)
+    value = setting(name)
     return int(value) if value else default
 
 

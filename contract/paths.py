@@ -9,8 +9,9 @@ it, and a worker may run them under its own.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from contract.environ import setting
 
 HOME_ENV = "SANDBENCH_HOME"
 TOOLS_ENV = "SANDBENCH_TOOLS"
@@ -20,9 +21,9 @@ DEFAULT_WORK_ROOT = Path("/var/tmp/sandbench")
 
 def sandbench_home() -> Path:
     """This machine's sandbench home: ``$SANDBENCH_HOME``, else ``/var/lib/sandbench``."""
-    return Path(os.environ.get(HOME_ENV) or DEFAULT_HOME)
+    return Path(setting(HOME_ENV) or DEFAULT_HOME)
 
 
 def tools_dir() -> Path:
     """Where sandbench's own tools live: ``$SANDBENCH_TOOLS``, else ``<home>/tools``."""
-    return Path(os.environ.get(TOOLS_ENV) or sandbench_home() / "tools")
+    return Path(setting(TOOLS_ENV) or sandbench_home() / "tools")

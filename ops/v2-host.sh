@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run a command on a cgroup v2 lab host booted here as a guest (worker/vm/v2host.py):
+# Run a command on a cgroup v2 lab host booted here as a guest (testbed/v2host.py):
 #   ops/v2-host.sh [--placement delegated|root] [--share DIR] [--timeout S] CMD [ARGS...]
 # The repository is read-write at its own path; CMD's output and exit status are this script's.
 # Needs the prepared guest (`sandbench vm prepare`, run by ops/setup.sh) and qemu-system-x86.
@@ -10,4 +10,4 @@ if [ ! -x "$PY" ]; then
   echo "ops/v2-host.sh: $PY is missing: run bash ops/setup.sh first" >&2
   exit 2
 fi
-exec "$PY" -m worker.vm.v2host "$@"
+exec "$PY" -m testbed.v2host "$@"

@@ -34,6 +34,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from contract.environ import setting
 from contract.errors import LabError
 from worker.provenance import COMMIT_FILE, git_commit
 from worker.vm import guest, initramfs, kernel, qemu
@@ -304,7 +305,7 @@ def qemu_argv(lab: Lab, host: LabHost, vmlinuz: Path) -> list[str]:
     """QEMU's command line for ``host`` (daemonized, inside the lab's namespace)."""
     hdir = lab.host_dir(host)
     append = f"{qemu.KERNEL_ARGS} sandbench.lab={hdir / 'identity'} systemd.show_status=false"
-    if os.environ.get("SANDBENCH_LAB_DEBUG"):
+    if setting("SANDBENCH_LAB_DEBUG"):
         append += " systemd.journald.forward_to_console=1"
     argv = [
         qemu.QEMU, "-name", host.name, "-M", "q35", "-accel", "tcg,thread=single",

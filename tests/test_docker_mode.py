@@ -20,11 +20,12 @@ from tests.container_probe import PROBE
 from tests.nsjail_probe import launch
 from worker import cgroups
 from worker.dockerd import DOCKERD_ENV, STATE_DIR_ENV, Dockerd
-from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo
+from worker.modes.base import EnvContext, HostInfo
 from worker.modes.container import PAYLOAD_DIR_IN, container_name, unmanaged_cgroup_dirs
 from worker.modes.docker import DockerMode
 from worker.procs import close_pipes
 from workloads.catalog import DECLARED
+from workloads.drive import PAYLOAD_PYTHON
 
 pytestmark = pytest.mark.docker
 

@@ -18,7 +18,7 @@ from contract.records import EnvironmentSpec, Quota
 from tests.conftest import REPO, mode_spec, require_binary
 from tests.container_probe import HOG, PROBE
 from worker import cgroups
-from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo
+from worker.modes.base import EnvContext, HostInfo
 from worker.modes.container import PAYLOAD_DIR_IN
 from worker.modes.podman import (
     CONMON_PIDFILE,
@@ -28,6 +28,7 @@ from worker.modes.podman import (
 )
 from worker.podman import PODMAN_ENV, STATE_DIR_ENV, Podman
 from workloads.catalog import DECLARED
+from workloads.drive import PAYLOAD_PYTHON
 
 pytestmark = pytest.mark.podman
 

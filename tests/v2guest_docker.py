@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from contract.records import EnvironmentRecord, EnvironmentSpec, Quota
+from testbed.v2host import SERVICE
 from worker import cgroups
 from worker.dockerd import Dockerd
 from worker.modes.base import EnvContext, HostInfo
 from worker.modes.docker import CLIENT_MEMORY_BYTES, DockerMode
 from worker.runner import run_environment
-from worker.vm.v2host import SERVICE
 
 ROOT = Path("/sys/fs/cgroup")
 SANDBENCH = str(Path(sys.executable).parent / "sandbench")

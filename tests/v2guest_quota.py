@@ -21,11 +21,11 @@ import pytest
 
 from contract.records import EnvironmentRecord, EnvironmentSpec, Quota
 from contract.signing import HostKey, default_key_path
+from testbed.v2host import SERVICE
 from worker import cgroups
 from worker.cgroups.v2 import CgroupV2, is_delegated, own_cgroup
 from worker.modes.base import EnvContext
 from worker.runner import run_environment
-from worker.vm.v2host import SERVICE
 
 ROOT = Path("/sys/fs/cgroup")
 SERVICE_DIR = ROOT / SERVICE.strip("/")

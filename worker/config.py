@@ -11,11 +11,11 @@ Both are the lab host's decision, never a spec's. They live in ``/etc/sandbench/
 
 from __future__ import annotations
 
-import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.environ import setting
 from contract.errors import HostKeyError
 from contract.files import write_atomic
 from contract.names import check_name
@@ -35,7 +35,7 @@ def config_path(name: str) -> Path:
     found = next((p for p in candidates if p.exists()), None)
     if found is not None:
         return found
-    return candidates[0] if os.environ.get(HOME_ENV) else ETC_DIR / name
+    return candidates[0] if setting(HOME_ENV) else ETC_DIR / name
 
 
 def trusted_coordinator() -> tuple[str | None, str]:

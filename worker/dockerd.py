@@ -31,6 +31,7 @@ from typing import Any
 
 import psutil
 
+from contract.environ import setting
 from contract.errors import ModeUnavailable
 from contract.paths import sandbench_home
 from worker.procs import kill_tree
@@ -106,15 +107,15 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 
 def default_state_dir() -> Path:
     """The state directory named by the environment, else the default."""
-    if os.environ.get(STATE_DIR_ENV):
-        return Path(os.environ[STATE_DIR_ENV])
+    if directory := setting(STATE_DIR_ENV):
+        return Path(directory)
     return sandbench_home() / STATE_SUBDIR
 
 
 def default_docker_client() -> str:
     """The docker client: ``$SANDBENCH_DOCKER``, the docker.io client, or ``docker`` on PATH."""
-    if os.environ.get(DOCKER_ENV):
-        return os.environ[DOCKER_ENV]
+    if docker := setting(DOCKER_ENV):
+        return docker
     if Path(DEFAULT_DOCKER).exists():
         return DEFAULT_DOCKER
     return shutil.which("docker") or DEFAULT_DOCKER
@@ -125,7 +126,7 @@ class Dockerd:
     """One private daemon, identified by its state directory."""
 
     state_dir: Path = field(default_factory=default_state_dir)
-    dockerd: str = field(default_factory=lambda: os.environ.get(DOCKERD_ENV, DEFAULT_DOCKERD))
+    dockerd: str = field(default_factory=lambda: setting(DOCKERD_ENV) or DEFAULT_DOCKERD)
     docker: str = field(default_factory=default_docker_client)
 
     @property

@@ -176,10 +176,12 @@ def claim_attempt(client: redis.Redis, spec: EnvironmentSpec) -> int | None:
     return lost
 
 
-def execute(worker: LabWorker, spec: EnvironmentSpec, sent_at: float | None) -> dict[str, Any]:
-    """Run one delivered environment through the gate; its signed record as JSON.
+def execute(
+    worker: LabWorker, spec: EnvironmentSpec, sent_at: float | None
+) -> EnvironmentRecord | None:
+    """Run one delivered environment through the gate; its signed record.
 
-    A delivery of an environment already handed over gives ``{"duplicate": key}``.
+    A delivery of an environment already handed over gives ``None`` (nothing runs).
     """
     host, client = worker.host(spec), worker.client()
     try:
@@ -191,7 +193,7 @@ def execute(worker: LabWorker, spec: EnvironmentSpec, sent_at: float | None) -> 
     received = time.time()
     lost_runs = claim_attempt(client, spec)
     if lost_runs is None:
-        return {"duplicate": spec.key()}
+        return None
 
     def fleet_fields(span: Span) -> dict[str, Any]:
         timing = {"sent_at": sent_at, "received_at": received, "runner_start": span.started}
@@ -204,7 +206,7 @@ def execute(worker: LabWorker, spec: EnvironmentSpec, sent_at: float | None) -> 
         raise FleetError(f"environment {spec.key()} was stopped before it finished")
     if command_mode_refused(record):
         count_refusal(client, spec, COMMAND_MODE_REFUSED)
-    return record.to_json_dict()
+    return record
 
 
 def command_mode_refused(record: EnvironmentRecord) -> bool:
@@ -226,7 +228,7 @@ def count_refusal(client: redis.Redis, spec: EnvironmentSpec, reason: str) -> No
         log.warning("refusal of %s not counted: %s", spec.key(), exc)
 
 
-def outcome_text(record: dict[str, Any]) -> str:
+def outcome_text(record: EnvironmentRecord) -> str:
     """The task's result as Flower lists it beside its arguments (host mode/workload #i), e.g.
     ``outcome:failed task/nonzero-exit: launcher exited with status 3``.
 
@@ -236,18 +238,18 @@ def outcome_text(record: dict[str, Any]) -> str:
     def clean(text: object) -> str:  # free text never carries the tag: the filter stays exact
         return " ".join(str(text).split()).replace(OUTCOME_TAG, "outcome ")
 
-    outcome, reason = record["outcome"], clean(record.get("reason") or "")
+    outcome, reason = record.outcome, clean(record.reason or "")
     text = f"{OUTCOME_TAG}{outcome}"
     if outcome == "failed":
-        text += f" {record.get('failure_class')}/{reason}"
+        text += f" {record.failure_class}/{reason}"
     elif outcome == "not-run":
         text += f" {reason}"
-    text += " (sentinel)" if record.get("kind") == "sentinel" else ""
-    if outcome == "failed" and record.get("detail"):
-        text += f": {clean(record['detail'])[:DETAIL_CHARS]}"
+    text += " (sentinel)" if record.kind == "sentinel" else ""
+    if outcome == "failed" and record.detail:
+        text += f": {clean(record.detail)[:DETAIL_CHARS]}"
     elif outcome == "passed":
-        task_s = sum(r["task_s"] for r in record.get("rounds") or [])
-        text += f": task time {task_s * 1000:.1f} ms, Ready {record.get('ready_ms') or 0:.1f} ms"
+        task_s = sum(r.task_s for r in record.rounds)
+        text += f": task time {task_s * 1000:.1f} ms, Ready {record.ready_ms or 0:.1f} ms"
     return text
 
 
@@ -289,14 +291,14 @@ def send_provenance(worker: LabWorker, spec: EnvironmentSpec, new_verdict: bool)
                   argsrepr=f"{spec.host} {spec.campaign}")  # fmt: skip
 
 
-def hand_over(worker: LabWorker, spec: EnvironmentSpec, record: dict[str, Any]) -> None:
+def hand_over(worker: LabWorker, spec: EnvironmentSpec, record: EnvironmentRecord) -> None:
     """Send ``spec``'s signed record to the coordinator and mark the environment done.
 
     One Redis transaction, one fsync: the done mark is set exactly when the record is queued
     (on queue ``records``, which the coordinator's intake takes in batches).
     """
     outbox = worker.outbox()
-    add_record(outbox, record)
+    add_record(outbox, record.to_json_dict())
     done = DONE_KEY.format(key=spec.key())
     outbox.flush(also=lambda pipe: pipe.set(done, "1", ex=MARK_TTL_S))
 
@@ -308,13 +310,13 @@ def register_tasks(worker: LabWorker) -> None:
     # way to the runner): Flower shows the start from the task-started event, and the lease's
     # evidence is the host's own started mark (``claim_attempt``)
     @worker.app.task(name=TASK_RUN, track_started=False)  # type: ignore[untyped-decorator]  # celery is untyped
-    def run_environment(spec: dict[str, Any], sent_at: float | None = None) -> Any:
+    def run_environment(spec: dict[str, Any], sent_at: float | None = None) -> str:
         """Run one environment on this host and hand its signed record to the coordinator."""
         planned = EnvironmentSpec.model_validate(spec)
         known = len(worker.host(planned).verdicts)
         record = execute(worker, planned, sent_at)
-        if "duplicate" in record:
-            return f"duplicate delivery of {record['duplicate']}: already handed over"
+        if record is None:
+            return f"duplicate delivery of {planned.key()}: already handed over"
         hand_over(worker, planned, record)
         new_verdict = len(worker.host(planned).verdicts) > known
         send_provenance(worker, planned, new_verdict)

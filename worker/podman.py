@@ -24,6 +24,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.environ import setting
 from contract.errors import ModeUnavailable
 from contract.paths import sandbench_home
 from worker.hostinfo import cgroup_version
@@ -59,8 +60,8 @@ class PodmanError(ModeUnavailable):
 
 def default_state_dir() -> Path:
     """The state directory named by the environment, else the default."""
-    if os.environ.get(STATE_DIR_ENV):
-        return Path(os.environ[STATE_DIR_ENV])
+    if directory := setting(STATE_DIR_ENV):
+        return Path(directory)
     return sandbench_home() / "podman"
 
 
@@ -74,8 +75,8 @@ def find_binary(name: str) -> str | None:
 
 def choose_runtime() -> tuple[str, str]:
     """The OCI runtime for this host (name or path) and why it was chosen."""
-    if os.environ.get(RUNTIME_ENV):
-        return os.environ[RUNTIME_ENV], f"${RUNTIME_ENV}"
+    if runtime := setting(RUNTIME_ENV):
+        return runtime, f"${RUNTIME_ENV}"
     layout = cgroup_version()
     if layout == "v2" and find_binary("crun"):
         return "crun", "crun: pure cgroup v2 host"
@@ -96,7 +97,7 @@ class Podman:
     """One private store, identified by its state directory, and the binaries that use it."""
 
     state_dir: Path = field(default_factory=default_state_dir)
-    podman: str = field(default_factory=lambda: os.environ.get(PODMAN_ENV, DEFAULT_PODMAN))
+    podman: str = field(default_factory=lambda: setting(PODMAN_ENV) or DEFAULT_PODMAN)
     runtime: str = ""  # name or path; chosen for this host when empty
     runtime_reason: str = ""
 

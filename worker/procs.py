@@ -15,6 +15,7 @@ from typing import Any
 
 import psutil
 
+from contract.environ import inherited
 from worker import ledger
 from worker.cgroups import Cgroup
 
@@ -156,7 +157,7 @@ def spawn_marked(
 
 def _resolve(program: str, env: dict[str, str] | None) -> str:
     """The launcher's path, or the ``FileNotFoundError`` ``Popen`` would have raised."""
-    search = (env or os.environ).get("PATH")
+    search = (env or inherited()).get("PATH")
     path = program if "/" in program else shutil.which(program, path=search)
     if path is None or not os.access(path, os.X_OK) or os.path.isdir(path):
         raise FileNotFoundError(errno.ENOENT, "No such executable file", program)

@@ -48,10 +48,11 @@ from worker.channel import (
 )
 from worker.failure import LAUNCH_FAILURE_CODES, Failed, Stopped, os_reason, real_cause
 from worker.modes import EnvContext, HostInfo, Mode, Preflight, get_mode
-from worker.modes.base import PAYLOAD_PYTHON, STDERR_FILE
+from worker.modes.base import STDERR_FILE
 from worker.procs import close_pipes, kill_process, spawn_marked
 from worker.snapshot import snapshot, snapshot_diff
 from worker.workroot import remove_tree, syncfs
+from workloads.drive import PAYLOAD_PYTHON
 
 STDERR_TAIL_BYTES = 1500
 EXIT_POLL_S = 0.05

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract.environ import setting
+
 PAYLOAD = Path(__file__).resolve().parent / "payload.py"
-PAYLOAD_PYTHON = os.environ.get("SANDBENCH_PYTHON", "/usr/bin/python3")  # as every mode
+PAYLOAD_PYTHON = setting("SANDBENCH_PYTHON") or "/usr/bin/python3"  # as every mode
 EXIT_TIMEOUT_S = 30.0
 
 

@@ -12,6 +12,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from contract.environ import setting
 from contract.errors import WorkloadError
 from contract.paths import DEFAULT_WORK_ROOT
 from workloads import catalog, oracle
@@ -28,7 +29,7 @@ _CLONES: dict[int, bool] = {}  # st_dev -> whether FICLONE works there
 
 def default_cache() -> Path:
     """The fixture cache: ``$SANDBENCH_FIXTURE_CACHE``, else ``fixtures/vN`` in the work root."""
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
+    return Path(setting(CACHE_ENV) or DEFAULT_CACHE)
 
 
 def fixture_dirname(name: str, seed: int, scale: float) -> str:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from contract.environ import inherited
 from contract.errors import FleetError
 from contract.names import check_name
 from contract.options import broker_option
@@ -99,7 +100,7 @@ def coordinator_cmd(ctx: click.Context, broker: str | None, data: Path, loglevel
 
     data.mkdir(parents=True, exist_ok=True)
     app = _app(broker)
-    clocks = FleetClocks.from_environment(os.environ)  # the one read of the coordinator's clocks
+    clocks = FleetClocks.from_environment(inherited())  # the one read of the coordinator's clocks
     client = redis_client(app.conf.broker_url)
     coordinator = Coordinator(Store(data.resolve()), HostRegistry(), client, app, clocks)
     register_tasks(coordinator)
@@ -194,7 +195,8 @@ def flower_cmd(broker: str | None, port: int, address: str) -> None:
     """Watch the fleet in Flower: read-only, behind basic auth (user:password from the env)."""
     from coordinator.fleet.flower import basic_auth, flower_argv, require_read_only
 
-    os.environ["FLOWER_BASIC_AUTH"] = basic_auth()  # from the environment, never on a command line
+    # Flower reads its auth from its own variable: set here, never on a command line
+    os.environ["FLOWER_BASIC_AUTH"] = basic_auth()  # noqa: TID251 -- a setting handed to Flower
     require_read_only()
     _app(broker).start(flower_argv(port, address))
 

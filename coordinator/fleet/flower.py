@@ -14,8 +14,7 @@ Flower is a view: the signed records in the store are the results.
 
 from __future__ import annotations
 
-import os
-
+from contract.environ import setting
 from contract.errors import FleetError
 from worker.fleet import OUTCOME_TAG
 
@@ -33,7 +32,7 @@ READ_ONLY_OPTION = "read_only"
 
 def basic_auth() -> str:
     """``user:password`` from the environment; ``FleetError`` saying how to set it otherwise."""
-    auth = next((os.environ[e] for e in AUTH_ENVS if os.environ.get(e)), None)
+    auth = next((v for e in AUTH_ENVS if (v := setting(e))), None)
     if not auth or ":" not in auth:
         raise FleetError("Flower needs basic auth: set SANDBENCH_FLOWER_AUTH=user:password")
     return auth

@@ -16,6 +16,7 @@ with the SHA-256 of every file it checked (``coordinator.store.verdict`` reads i
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,7 +131,7 @@ def expansion_document(campaign: str, files: dict[str, bytes], key: CoordinatorK
     return json.dumps(signed, indent=1, sort_keys=True).encode() + b"\n"
 
 
-def verdict_document(campaign: str, result: dict[str, Any], key: CoordinatorKey) -> bytes:
+def verdict_document(campaign: str, result: Mapping[str, object], key: CoordinatorKey) -> bytes:
     """``verification.json``'s bytes: ``verify``'s verdict and the digests of every file it
     checked, for ``campaign``, signed by ``key``."""
     body = {**result, "campaign": campaign, "format": VERDICT_FORMAT}

@@ -13,7 +13,7 @@ import json
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from pydantic import ValidationError
 
@@ -129,6 +129,19 @@ def derive(
 
 
 # --- verify: the campaign's bytes, completeness and the rule -------------------------------------
+class VerificationJSON(TypedDict):
+    """What ``verification.json`` holds before it is signed (``Verification.as_json``)."""
+
+    ok: bool
+    verdict: str
+    problems: list[str]
+    records: int
+    missing: int
+    unsealed: list[str]
+    digests: dict[str, str]
+    checked_at: str
+
+
 @dataclass
 class Verification:
     """What ``verify`` found in a campaign's bytes, and which bytes it checked."""
@@ -157,11 +170,12 @@ class Verification:
         return (f"verified ({self.records} records: signatures, hash chains, final heads, the "
                 "signed expansion and the first-failure rule)")  # fmt: skip
 
-    def as_json(self, checked_at: str) -> dict[str, Any]:
+    def as_json(self, checked_at: str) -> VerificationJSON:
         """``verification.json``: the verdict bound to the digests of the bytes checked."""
-        return {"ok": self.ok, "verdict": self.verdict, "problems": self.problems,
-                "records": self.records, "missing": self.missing, "unsealed": self.unsealed,
-                "digests": self.digests, "checked_at": checked_at}  # fmt: skip
+        return VerificationJSON(ok=self.ok, verdict=self.verdict, problems=self.problems,
+                                records=self.records, missing=self.missing,
+                                unsealed=self.unsealed, digests=self.digests,
+                                checked_at=checked_at)  # fmt: skip
 
 
 def verify_campaign(store: Store, campaign_id: str, registry: HostRegistry) -> Verification:

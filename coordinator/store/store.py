@@ -24,7 +24,7 @@ from __future__ import annotations
 import fcntl
 import json
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -306,7 +306,7 @@ class Store:
             return {}
         return _json_object(path, "restore it, or remove it to go on without this provenance")
 
-    def write_verification(self, campaign_id: str, result: dict[str, Any]) -> None:
+    def write_verification(self, campaign_id: str, result: Mapping[str, object]) -> None:
         """Store the outcome of the last ``verify``, signed by this store's coordinator key
         (derived; rebuilt by every verify; ``coordinator.store.verdict`` checks it)."""
         path = self.campaign_dir(campaign_id) / VERIFICATION_FILE

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from contract.environ import setting
 from contract.errors import QuotaError
 from contract.records import Quota
 from worker.cgroups.base import (
@@ -91,7 +92,7 @@ def placement(root: Path | None = None) -> Placement:
     service = own
     if PurePosixPath(own).name == SUPERVISOR_LEAF:  # moved there by an earlier environment
         service = str(PurePosixPath(own).parent)
-    delegated = os.environ.get(DELEGATED_ENV) == "1" or is_delegated(_dir(root, service))
+    delegated = setting(DELEGATED_ENV) == "1" or is_delegated(_dir(root, service))
     if own != "/" and delegated:
         return Placement("delegated", own, service, f"{service.rstrip('/')}/{ENVS_DIR}")
     return Placement("root", own, "/", f"/{PARENT_NAME}")

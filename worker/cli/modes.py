@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 import click
 
@@ -13,20 +13,28 @@ from worker.modes import HostInfo, get_mode, mode_names
 COMMAND_VERDICT = "defined by a command template in a plan (preflight checks its binary)"
 
 
-def mode_verdicts(host: HostInfo | None = None) -> list[dict[str, Any]]:
+class ModeVerdict(TypedDict):
+    """A line of ``sandbench modes list``: ``ok`` is None for the command mode (a template)."""
+
+    name: str
+    ok: bool | None
+    reason: str
+    facts: dict[str, Any]  # the mode's own facts (tool versions, accelerator, image id)
+
+
+def mode_verdicts(host: HostInfo | None = None) -> list[ModeVerdict]:
     """Name, verdict, reason and facts of every built-in mode, plus the command mode."""
     host = host or HostInfo()
-    rows: list[dict[str, Any]] = []
+    rows: list[ModeVerdict] = []
     for name in mode_names():
         try:
             preflight = get_mode(name).preflight(host)
         except SandbenchError as exc:  # a mode that cannot even load says why
-            rows.append({"name": name, "ok": False, "reason": str(exc), "facts": {}})
+            rows.append(ModeVerdict(name=name, ok=False, reason=str(exc), facts={}))
             continue
-        rows.append(
-            {"name": name, "ok": preflight.ok, "reason": preflight.reason, "facts": preflight.facts}
-        )
-    rows.append({"name": "command", "ok": None, "reason": COMMAND_VERDICT, "facts": {}})
+        rows.append(ModeVerdict(name=name, ok=preflight.ok, reason=preflight.reason,
+                                facts=preflight.facts))  # fmt: skip
+    rows.append(ModeVerdict(name="command", ok=None, reason=COMMAND_VERDICT, facts={}))
     return rows
 
 

@@ -16,8 +16,9 @@ from typing import Any
 
 from contract.errors import ModeUnavailable
 from contract.paths import tools_dir
-from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo, Mode, Preflight
+from worker.modes.base import EnvContext, HostInfo, Mode, Preflight
 from worker.vm.virtiofs import VIRTIOFSD
+from workloads.drive import PAYLOAD_PYTHON
 
 
 @dataclass(frozen=True)

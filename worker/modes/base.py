@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -12,9 +11,9 @@ from typing import Any, Self
 
 from contract.paths import DEFAULT_WORK_ROOT
 from contract.records import EnvironmentSpec
+from workloads.drive import PAYLOAD_PYTHON
 
 # One interpreter for the payload in every mode, so differences come from the mode.
-PAYLOAD_PYTHON = os.environ.get("SANDBENCH_PYTHON", "/usr/bin/python3")
 # The launched bootstrap; its body lives beside it, so modes make the whole directory visible.
 PAYLOAD_PATH = Path(__file__).resolve().parents[2] / "workloads" / "payload.py"
 # The launcher's stderr, in the environment's directory (the runner writes it; a mode may read it).

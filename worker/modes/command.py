@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from contract.errors import ModeUnavailable
-from worker.modes.base import PAYLOAD_PATH, PAYLOAD_PYTHON, EnvContext, HostInfo, Mode, Preflight
+from worker.modes.base import PAYLOAD_PATH, EnvContext, HostInfo, Mode, Preflight
 from worker.procs import run_owned
+from workloads.drive import PAYLOAD_PYTHON
 
 PLACEHOLDERS = (
     "workspace", "payload", "payload_dir", "python", "payload_argv", "cpus", "cpu_quota",

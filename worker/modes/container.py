@@ -19,7 +19,8 @@ from typing import Any, Protocol
 from contract.records import Quota
 from worker.cgroups import cgroup_mounts, detect
 from worker.cgroups.v1 import CONTROLLERS
-from worker.modes.base import PAYLOAD_PYTHON, EnvContext, Mode
+from worker.modes.base import EnvContext, Mode
+from workloads.drive import PAYLOAD_PYTHON
 
 IMAGE_MESSAGE = "sandbench: empty mount points; toolset = host dirs bound read-only"
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
-from worker.modes.base import PAYLOAD_PYTHON, EnvContext, HostInfo, Mode, Preflight
+from worker.modes.base import EnvContext, HostInfo, Mode, Preflight
+from workloads.drive import PAYLOAD_PYTHON
 
 VERSION_TIMEOUT_S = 10.0
 

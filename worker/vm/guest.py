@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from contract.environ import setting
 from contract.errors import ModeUnavailable
 from contract.paths import sandbench_home
 from worker.vm import initramfs, kernel
@@ -22,8 +22,8 @@ MODULES_KEY = "all_modules"  # every module kept in the home, in load order (oth
 
 def vm_home() -> Path:
     """Where the prepared guest lives: ``$SANDBENCH_VM_HOME``, else ``$SANDBENCH_HOME/vm``."""
-    if os.environ.get("SANDBENCH_VM_HOME"):
-        return Path(os.environ["SANDBENCH_VM_HOME"])
+    if home := setting("SANDBENCH_VM_HOME"):
+        return Path(home)
     return sandbench_home() / "vm"
 
 
@@ -37,7 +37,7 @@ class Guest:
     initrd: Path
     modules: tuple[str, ...]
     init_sha256: str
-    v2host_initrd: Path | None = None  # the cgroup v2 lab host's initramfs (worker.vm.v2host)
+    v2host_initrd: Path | None = None  # the cgroup v2 lab host's initramfs (testbed.v2host)
     v2host_init_sha256: str = ""
     # Every module prepared (the VM modes', the v2 host's and the lab's), decompressed in
     # ``modules_dir``, dependencies first: another initramfs loads them all.

@@ -25,7 +25,7 @@ GUEST_MODULES = (
 )  # fmt: skip
 NINEP_MODULES = ("9pnet_virtio", "9p")
 VIRTIOFS_MODULES = ("fuse", "virtiofs")  # the vm-virtiofs mode's workspace
-# The cgroup v2 lab host (``worker.vm.v2host``) also runs the staged mode and docker's overlay2.
+# The cgroup v2 lab host (``testbed.v2host``) also runs the staged mode and docker's overlay2.
 V2HOST_MODULES = ("overlay",)
 # The lab hosts (``testbed.lab``): systemd over an overlay root, on a virtio network.
 LAB_MODULES = ("overlay", "virtio_net")

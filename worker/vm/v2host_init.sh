@@ -1,5 +1,5 @@
 #!/bin/busybox sh
-# The cgroup v2 lab host's init (worker/vm/v2host.py): a pure cgroup v2 machine made from the
+# The cgroup v2 lab host's init (testbed/v2host.py): a pure cgroup v2 machine made from the
 # prepared guest kernel. The host root is the read-only root over 9p; the scratch disk (ext4)
 # holds /tmp, /var/tmp and /var/lib/sandbench; the shared directories (the repository first)
 # are mounted read-write at their host paths; cgroup2 is /sys/fs/cgroup with cpu, cpuset,

@@ -28,12 +28,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract.environ import inherited, setting
 from contract.errors import SandbenchError, V2HostError
 from contract.paths import DEFAULT_HOME, tools_dir
 from worker.procs import owned_process
 from worker.vm import accel, guest, qemu
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SERVICE = "/system.slice/sandbench-v2host.service"  # the emulated delegated unit's cgroup
 KERNEL_ARGS = ["cgroup_no_v1=all"]
 TCG_CPU = "max"  # the venv's numpy needs x86-64-v2 (SSE4.2, POPCNT); qemu64 has not
@@ -64,7 +65,7 @@ class Settings:
 
 def guest_env() -> dict[str, str]:
     """The command's environment in the guest: a few of ours, every SANDBENCH_*, cache dirs."""
-    env = {k: v for k, v in os.environ.items() if k in PASSED_ENV or k.startswith("SANDBENCH_")}
+    env = {k: v for k, v in inherited().items() if k in PASSED_ENV or k.startswith("SANDBENCH_")}
     return {**env, **GUEST_ENV}
 
 
@@ -95,7 +96,7 @@ def job_script(argv: list[str], settings: Settings) -> str:
 
 def seed_tree(seed: Path) -> Path:
     """The scratch disk's initial tree: our font cache, so matplotlib need not rebuild it."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "matplotlib"
+    cache = Path(setting("XDG_CACHE_HOME") or Path.home() / ".cache") / "matplotlib"
     target = seed / "tmp" / GUEST_ENV["XDG_CACHE_HOME"].removeprefix("/tmp/") / "matplotlib"
     target.mkdir(parents=True)
     for font_list in cache.glob("fontlist-*.json"):  # ~40 s under TCG when missing
