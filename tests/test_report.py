@@ -56,7 +56,7 @@ def test_results_csv_rows_and_reproducibility(tmp_path: Path) -> None:
         "lab-a,default,vm,publish,workflow,1,preflight-failed,preflight failed: no KVM and no TCG,"
         "3,0,0,0,0,3,0,0,,,,,," in lines
     )
-    assert len(lines) == 1 + 5 and len(paths["results"]) == 2
+    assert len(lines) == 1 + 5 and len(paths.results) == 2
     write_report(store, CID)
     assert (tmp_path / "data" / CID / "hosts" / "lab-a" / "results.csv").read_bytes() == csv
 

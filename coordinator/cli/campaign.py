@@ -185,9 +185,9 @@ def run_command(
         if as_json:
             for record in store.records(result.campaign_id):
                 click.echo(json.dumps(record.to_json_dict(), sort_keys=True))
-        else:
-            print_tables(paths["analysis"], out)
-            click.echo(f"report: {paths['html']}")
+        elif paths is not None:
+            print_tables(paths.analysis, out)
+            click.echo(f"report: {paths.html}")
         for problem in checked.problems:
             click.echo(f"problem: {problem}")
         click.echo(f"records: {checked.verdict}")
@@ -212,10 +212,8 @@ def report_command(campaign_id: str, data_dir: Path, registry_path: Path | None,
     store, registry = Store(data_dir), HostRegistry(registry_path)
     paths = write_report(store, campaign_id, registry)
     if not quiet:
-        print_tables(
-            paths["analysis"], Console(width=160) if not sys.stdout.isatty() else Console()
-        )
-    for p in [*paths["results"], paths["markdown"], paths["html"]]:
+        print_tables(paths.analysis, Console(width=160) if not sys.stdout.isatty() else Console())
+    for p in [*paths.results, paths.markdown, paths.html]:
         click.echo(f"wrote {p}")
     click.echo(f"records: {verdict_of(store, campaign_id, registry).text}")
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 import msgspec
 
-from coordinator.results.report import write_report
+from coordinator.results.report import Written, write_report
 from coordinator.store.hostlog import LOST_FILE
 from coordinator.store.policy import JudgedRecord, Violation, derive
 from coordinator.store.progress import counted, fingerprint, planned_views, read_lost
@@ -46,7 +46,7 @@ class Finalized:
     fingerprint: str  # what was finalized: records and lost marks counted (HostProgress)
     missing: int = 0
     violations: list[Violation] = field(default_factory=list)
-    report: dict[str, Any] = field(default_factory=dict)  # write_report's paths and analysis
+    report: Written | None = None  # what write_report wrote, when it was asked to
 
     def as_dict(self) -> FinalizedJSON:
         """JSON form (a Celery task's result)."""
@@ -86,6 +86,6 @@ def finalize_host(store: Store, campaign: str, host: str, *, report: bool = True
         log.warning("campaign %s host %s: %s", campaign, host, v)
     n = len(keys)
     del planned, records, received, keys  # the report reads its own: one copy at a time
-    written = write_report(store, campaign) if report else {}
+    written = write_report(store, campaign) if report else None
     log.info("campaign %s host %s finalized (%d environments)", campaign, host, n)
     return Finalized(host, True, seen, violations=violations, report=written)

@@ -501,9 +501,19 @@ def write_results_csv(store: Store, campaign_id: str, analysis: Analysis) -> lis
     return paths
 
 
-def write_report(
-    store: Store, campaign_id: str, registry: HostRegistry | None = None
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Written:
+    """What ``write_report`` wrote (results CSVs, report.md, report.html, plots) and the
+    analysis the tables were made from."""
+
+    results: list[Path]
+    markdown: Path
+    html: Path
+    plots: list[Path]
+    analysis: Analysis
+
+
+def write_report(store: Store, campaign_id: str, registry: HostRegistry | None = None) -> Written:
     """Rebuild every derived file of a campaign from its raw records; returns their paths.
 
     ``registry``: whose coordinator keys may sign the verdict it shows (default this machine's).
@@ -540,7 +550,7 @@ def _replace_refused(store: Store, campaign_id: str, why: str) -> bool:
     return bool(pages)
 
 
-def _write_report(store: Store, campaign_id: str, registry: HostRegistry | None) -> dict[str, Any]:
+def _write_report(store: Store, campaign_id: str, registry: HostRegistry | None) -> Written:
     """``write_report`` of a campaign the store can read."""
     campaign = store.campaign_view(campaign_id)
     analysis, _ = analyze_stored(store, campaign)
@@ -553,8 +563,8 @@ def _write_report(store: Store, campaign_id: str, registry: HostRegistry | None)
     (root / "report.html").write_text(to_html(blocks))
     plot_files = sorted(p.path for kind, p in blocks if kind == "plot" and p.path is not None)
     _remove_stale_plots(root / "plots", set(plot_files))
-    return {"results": csvs, "markdown": root / "report.md", "html": root / "report.html",
-            "plots": plot_files, "analysis": analysis}  # fmt: skip
+    return Written(results=csvs, markdown=root / "report.md", html=root / "report.html",
+                   plots=plot_files, analysis=analysis)  # fmt: skip
 
 
 def _remove_stale_plots(plot_dir: Path, keep: set[Path]) -> None:
