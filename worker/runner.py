@@ -26,10 +26,12 @@ failure never shows a round time of zero. The runner does not gate on the mode's
 from __future__ import annotations
 
 import contextlib
+import os
+import selectors
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,16 @@ DIED_WAIT_S = 1.0  # after the channel closes, how long to wait for the exit sta
 # cgroup, the mode's container or guest), drive (marker to exit: Ready, rounds, their checks),
 # the oracle, cleanup. The campaign's split of its wall time adds these up.
 PHASES = ("prepare", "drive", "oracle", "cleanup")
+# The steps inside the phases (the record's ``steps``, seconds per ``<phase>.<step>``), so that
+# the biggest unmeasured costs can be named: the fixture built or found, its copy, the cgroup,
+# the mode's own preparation, the staged snapshot, the sync before the marker; the payload's
+# checks between rounds and the exit; the oracle's model and its comparison, the staged
+# original's check; the mode's cleanup, the removal, its write-back and the cgroup's removal.
+STEPS = (
+    "prepare.fixture", "prepare.copy", "prepare.cgroup", "prepare.mode", "prepare.snapshot",
+    "prepare.sync", "drive.checks", "drive.exit", "oracle.model", "oracle.compare",
+    "oracle.original", "cleanup.mode", "cleanup.remove", "cleanup.sync", "cleanup.cgroup",
+)  # fmt: skip
 
 
 def run_environment(
@@ -124,6 +136,7 @@ class Observed:
     original_intact: bool | None = None  # staged modes: the original workspace unchanged
     wall_s: float | None = None
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    steps: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEPS, 0.0))
     oom: bool = False  # the cgroup (or the mode's own) saw an OOM kill
     modified: str | None = None  # how a staged mode's original workspace changed
 
@@ -136,6 +149,7 @@ class Observed:
             "payload_cpu_s": self.payload_cpu_s, "peak_memory_bytes": self.peak_memory_bytes,
             "oracle": self.oracle, "original_intact": self.original_intact, "wall_s": self.wall_s,
             "phases": {f"{name}_s": round(s, 6) for name, s in self.phases.items()},
+            "steps": {f"{name}_s": round(s, 6) for name, s in self.steps.items() if s},
         }  # fmt: skip
 
 
@@ -200,8 +214,10 @@ class _Run:
             ledger.own(self.work_root, name, spec.key(), cgroup.path, cgroup.version)
             env_dir.mkdir(parents=True)
             fixtures = self.work_root / "fixtures"
-            fixture = ensure_fixture(spec.workload, spec.seed, spec.scale, fixtures)
-            self.seen.provenance["workspace_copy"] = copy_fixture(fixture, workspace)
+            with self.timed("prepare.fixture"):
+                fixture = ensure_fixture(spec.workload, spec.seed, spec.scale, fixtures)
+            with self.timed("prepare.copy"):
+                self.seen.provenance["workspace_copy"] = copy_fixture(fixture, workspace)
             self.fixture = fixture
         except SandbenchError:  # bad input (a scale the workload refuses): not a result
             raise
@@ -211,19 +227,23 @@ class _Run:
         if overhead := self.mode.cgroup_overhead_bytes:  # room for its client beside the quota
             quota = quota.model_copy(update={"memory_bytes": quota.memory_bytes + overhead})
         self.cgroup = cgroup  # set first: cleanup removes a half-created cgroup
-        cgroup.create(quota)
+        with self.timed("prepare.cgroup"):
+            cgroup.create(quota)
         self.seen.provenance["cgroup"] = self.cgroup.facts()  # the quota as applied
         self.env = EnvContext(spec, workspace, env_dir, self.cgroup.path)
         try:
             self.prepared = True
-            self.mode.prepare(self.env)
+            with self.timed("prepare.mode"):
+                self.mode.prepare(self.env)
         except Exception as exc:  # a mode's preparation failing is a startup failure
             raise Failed(os_reason(exc), f"mode preparation: {exc}") from exc
         if self.mode.staged:
-            self.original = snapshot(workspace)
+            with self.timed("prepare.snapshot"):
+                self.original = snapshot(workspace)
         try:  # the copies' dirty pages and metadata must not be flushed inside round 1's clock
             (env_dir / STDERR_FILE).touch()  # nor a file the harness creates after the sync
-            syncfs(self.base)
+            with self.timed("prepare.sync"):
+                syncfs(self.base)
         except OSError as exc:
             raise Failed(os_reason(exc), f"syncing the prepared environment: {exc}") from exc
 
@@ -254,7 +274,8 @@ class _Run:
             self._check(channel, 0, deadline)  # not timed: the payload prepares round 1's inputs
             for k in range(1, self.spec.rounds + 1):
                 self._round(channel, k, deadline)
-            self._exit(channel, deadline)
+            with self.timed("drive.exit"):
+                self._exit(channel, deadline)
         except ChannelStopped as exc:
             raise Stopped from exc
         finally:
@@ -304,7 +325,8 @@ class _Run:
     def _check(self, channel: Channel, k: int, deadline: int) -> Message:
         """Ask the payload to check round ``k`` (and prepare k+1's inputs), outside the clock."""
         request = {"op": "check", "k": k}
-        return self._ask(channel, request, "checked", f"check of round {k}", deadline)
+        with self.timed("drive.checks"):
+            return self._ask(channel, request, "checked", f"check of round {k}", deadline)
 
     def _ask(
         self, channel: Channel, request: dict[str, Any], answer: str, what: str, deadline: int
@@ -352,16 +374,20 @@ class _Run:
             self._kill()
 
     def _wait_exit(self, deadline: int) -> int | None:
-        """The launcher's exit status, or None at the deadline (watching the stop event)."""
+        """The launcher's exit status, or None at the deadline (watching the stop event).
+
+        The exit is seen the moment it happens (a pidfd becomes readable), not at the next
+        step of ``Popen.wait``'s backoff, which would add up to half the time waited.
+        """
         assert self.proc is not None
-        while True:
-            remaining = (deadline - time.monotonic_ns()) / 1e9
-            if remaining <= 0:
-                return None
-            try:
-                return self.proc.wait(timeout=min(remaining, EXIT_POLL_S))
-            except subprocess.TimeoutExpired:
-                self._check_stop()
+        with _exit_watch(self.proc.pid) as exited:
+            while self.proc.poll() is None:
+                remaining = (deadline - time.monotonic_ns()) / 1e9
+                if remaining <= 0:
+                    return None
+                if not exited(min(remaining, EXIT_POLL_S)):
+                    self._check_stop()
+        return self.proc.returncode
 
     # -- after the launcher --------------------------------------------------------------
     def _account(self) -> None:
@@ -413,12 +439,15 @@ class _Run:
             from workloads.oracle import compare
 
             # the model starts from the very fixture this workspace was copied from
-            model = workload.model(spec.seed, spec.scale, spec.rounds, fixture=self.fixture)
-            mismatches = list(compare(self.mode.result_root(self.env), model))
+            with self.timed("oracle.model"):
+                model = workload.model(spec.seed, spec.scale, spec.rounds, fixture=self.fixture)
+            with self.timed("oracle.compare"):
+                mismatches = list(compare(self.mode.result_root(self.env), model))
         except Exception as exc:  # noqa: BLE001 -- an oracle that cannot even look is a mismatch, with why
             mismatches = [f"oracle could not compare: {exc}"]
         self.seen.oracle = OracleResult(ok=not mismatches, mismatches=mismatches[:100])
-        self._check_original()
+        with self.timed("oracle.original"):
+            self._check_original()
         if mismatches:
             raise Failed("oracle-mismatch", "; ".join(mismatches[:5]))
         if self.seen.original_intact is False:
@@ -461,13 +490,15 @@ class _Run:
 
     # -- helpers ---------------------------------------------------------------------------
     @contextlib.contextmanager
-    def timed(self, phase: str) -> Iterator[None]:
-        """Add the wall time of the block to ``phase`` (see ``PHASES``)."""
+    def timed(self, part: str) -> Iterator[None]:
+        """Add the wall time of the block to ``part``: a phase (``PHASES``) or a step inside one
+        (``STEPS``)."""
+        times = self.seen.steps if "." in part else self.seen.phases
         start = time.monotonic()
         try:
             yield
         finally:
-            self.seen.phases[phase] += time.monotonic() - start
+            times[part] += time.monotonic() - start
 
     def _provenance(self, preflight: Preflight) -> dict[str, Any]:
         """Per-environment facts: the mode's preflight, the cgroup version, the payload."""
@@ -534,7 +565,8 @@ class _Run:
             close_pipes(self.proc)
         if self.prepared and self.env is not None:
             try:
-                self.mode.cleanup(self.env)
+                with self.timed("cleanup.mode"):
+                    self.mode.cleanup(self.env)
             except Exception as exc:  # noqa: BLE001 -- go on: the cgroup and files must still be removed
                 problems.append(f"mode cleanup: {exc}")
         if self.cgroup is not None:  # nothing may still write into the tree removed next
@@ -543,20 +575,39 @@ class _Run:
             except SandbenchError as exc:
                 problems.append(str(exc))
         if self.base is not None:  # first: unlinked files free their page cache at once
-            problems.extend(remove_tree(self.base, self.work_root))
+            with self.timed("cleanup.remove"):
+                problems.extend(remove_tree(self.base, self.work_root))
             try:  # the deletions written back, so the metadata pages they dirtied can go too
-                syncfs(self.work_root)
+                with self.timed("cleanup.sync"):
+                    syncfs(self.work_root)
             except OSError as exc:
                 problems.append(f"syncfs after removal: {exc}")
         if self.cgroup is not None:  # then what is still charged is reclaimed and it goes
             try:
-                self.cgroup.remove()
+                with self.timed("cleanup.cgroup"):
+                    self.cgroup.remove()
             except SandbenchError as exc:
                 problems.append(str(exc))
         if self.base is not None and not problems:  # else the entry stays: the reaper finishes
             ledger.release(self.work_root, self.base.name)
         if problems:
             self.seen.provenance["cleanup"] = problems
+
+
+@contextlib.contextmanager
+def _exit_watch(pid: int) -> Iterator[Callable[[float], bool]]:
+    """A wait for ``pid``'s exit with a timeout: whether it exited (a pidfd, polled once)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # reaped already: poll() has its status
+        yield lambda _timeout: True
+        return
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            yield lambda timeout: bool(selector.select(timeout))
+    finally:
+        os.close(fd)
 
 
 def _text(value: Any) -> str | None:

@@ -193,7 +193,7 @@ def run_command(
         click.echo(f"records: {checked.verdict}")
     click.echo(summary_line(result))
     if result.recorded_now:
-        click.echo(result.wall.line())
+        click.echo("\n".join(result.wall.lines()))
     click.echo(f"campaign: {result.campaign_id}")
     if not result.complete:
         sys.exit(EXIT_INTERRUPTED)

@@ -103,14 +103,24 @@ def _status(outcome: str, reason: str | None) -> str:
     return "not-run-preflight" if kind is NotRun.PREFLIGHT else "not-run-rule"
 
 
+PHASE_COLUMNS = ("prepare_s", "drive_s", "oracle_s", "cleanup_s")  # the runner's phases
+
+
+def _phases(r: EnvironmentRecord | RecordView) -> dict[str, float]:
+    """The record's phases (seconds per phase; none for a record that ran nothing)."""
+    if isinstance(r, EnvironmentRecord):
+        return (r.model_extra or {}).get("phases") or {}
+    return r.phases
+
+
 def _row(r: EnvironmentRecord | RecordView) -> tuple[Any, ...]:
-    rounds = r.rounds
+    rounds, phases = r.rounds, _phases(r)
     return (
         r.host, r.cohort, r.mode, r.workload, r.env_index, r.attempt, r.order_index,
         _status(r.outcome, r.reason), r.failure_class, r.reason, r.detail, r.ready_ms,
         sum([x.task_s for x in rounds]) if rounds else np.nan,
         [x.validated for x in rounds].count(True), len(rounds), r.superseded, r.campaign,
-        r.kind, r.started_at, r.wall_s,
+        r.kind, r.started_at, r.wall_s, *(phases.get(c, np.nan) for c in PHASE_COLUMNS),
     )  # fmt: skip
 
 
@@ -119,9 +129,10 @@ def records_frame(records: Sequence[Any]) -> pd.DataFrame:
     rows = [_row(r) for r in records]
     cols = [*ENV_KEYS, "order_index", "status", "failure_class", "reason", "detail", "ready_ms",
             "task_s", "valid_rounds", "rounds", "superseded_flag", "campaign", "kind",
-            "started_at", "wall_s"]  # fmt: skip
+            "started_at", "wall_s", *PHASE_COLUMNS]  # fmt: skip
     df = pd.DataFrame(rows, columns=cols)
-    return df.astype({"ready_ms": float, "task_s": float, "superseded_flag": bool, "wall_s": float})
+    floats = dict.fromkeys(["ready_ms", "task_s", "wall_s", *PHASE_COLUMNS], float)
+    return df.astype({**floats, "superseded_flag": bool})
 
 
 def planned_frame(planned: Sequence[EnvironmentSpec] | Sequence[dict[str, Any]]) -> pd.DataFrame:

@@ -27,6 +27,7 @@ from coordinator.results.analysis import (
 )
 from coordinator.results.trend import ALPHA, MIN_N, cell_trends
 from coordinator.results.units import MISSING, UNIT_RULE, Unit, duration, fmt, unit_for
+from coordinator.results.walltime import cost_rows
 from coordinator.store.store import Campaign, Store
 from coordinator.store.trust import HostRegistry
 from coordinator.store.verdict import verdict_of
@@ -328,6 +329,7 @@ def host_blocks(
     blocks += [("plot", plot)] if plot else []
     blocks += sentinel_blocks(*sentinel, plot_dir / f"{slug}-sentinel")
     blocks += trend_blocks(t)
+    blocks += cost_blocks(t)
     blocks += [("h3", "Coverage"), ("table", _coverage_table(t))]
     blocks += [("h3", "Failures and missing observations"), ("table", _failures_table(t))]
     blocks += [
@@ -339,6 +341,25 @@ def host_blocks(
     )
     blocks += [("h3", "Provenance"), ("table", prov)]
     return blocks
+
+
+COST_HEADER = ["mode / workload", "n", "measured s", "preparation s", "oracle and checks s",
+               "cleanup s", "unmeasured"]  # fmt: skip
+
+
+def cost_blocks(t: HostTables) -> list[Block]:
+    """Where the environments' own time went per mode and workload, most unmeasured first."""
+    rows: list[list[str | tuple[str, int]]] = [[*r] for r in cost_rows(t.environments)]
+    if not rows:
+        return []
+    caption = (
+        "Seconds of the environments' time, summed per cell: measured (Ready and the rounds), "
+        "preparation (fixture, copy, cgroup, the mode's own, sync), oracle and checks (between "
+        "the rounds, the exit, the oracle), cleanup; the cells with the most unmeasured time "
+        "first, then all cells"
+    )
+    table = Table(caption, COST_HEADER, rows)
+    return [("h3", "Where the time went"), ("table", table)]
 
 
 def campaign_blocks(

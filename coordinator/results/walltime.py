@@ -10,12 +10,17 @@ storing, progress): its share is the figure to keep small (target at most 3%).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pandas as pd
 
 from contract.records import EnvironmentRecord
 
 HARNESS_TARGET = 0.03  # the harness's own rest, as a share of the campaign's wall time
 PARTS = ("measured", "preparation", "oracle and checks", "cleanup", "sentinel")
+LARGEST = 5  # unmeasured costs ``sandbench run`` names, largest first
+COST_ROWS = 12  # mode/workload rows of the report's cost table, most unmeasured first
 
 
 @dataclass
@@ -28,10 +33,13 @@ class WallSplit:
     checks: float = 0.0
     cleanup: float = 0.0
     sentinel: float = 0.0  # the calibration environments, whole
+    # seconds of each step outside the clocks (the record's ``steps``) per mode and workload
+    steps: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
     def add(self, record: EnvironmentRecord) -> None:
         """Count one environment's phases (a record without them, e.g. not run, adds nothing)."""
-        phases = (record.model_extra or {}).get("phases") or {}
+        extra = record.model_extra or {}
+        phases = extra.get("phases") or {}
         if not phases:
             return
         if record.kind == "sentinel":
@@ -42,6 +50,23 @@ class WallSplit:
         self.preparation += phases.get("prepare_s", 0.0)
         self.checks += phases.get("drive_s", 0.0) - measured + phases.get("oracle_s", 0.0)
         self.cleanup += phases.get("cleanup_s", 0.0)
+        for step, seconds in (extra.get("steps") or {}).items():
+            self.steps[record.mode, record.workload, step.removesuffix("_s")] += seconds
+
+    def lines(self) -> list[str]:
+        """What ``sandbench run`` prints at its end: the split, then the largest costs."""
+        lines, largest = [self.line()], self.largest()
+        if largest:
+            lines.append("largest unmeasured costs: " + "; ".join(largest))
+        return lines
+
+    def largest(self, n: int = LARGEST) -> list[str]:
+        """The ``n`` largest unmeasured costs by mode, workload and step, with their share."""
+        wall = self.wall_s or 1.0
+        return [
+            f"{mode} / {workload} {step}: {s:.1f} s ({100 * s / wall:.1f}%)"
+            for (mode, workload, step), s in self.steps.most_common(n)
+        ]
 
     @property
     def rest(self) -> float:
@@ -63,3 +88,32 @@ class WallSplit:
             f"wall time {self.wall_s:.1f} s: {parts}; harness {self.rest:.1f} s "
             f"({100 * share:.1f}%, {verdict} the {100 * HARNESS_TARGET:.0f}% target)"
         )
+
+
+def cost_rows(env: pd.DataFrame, limit: int = COST_ROWS) -> list[list[str]]:
+    """Per mode and workload of one host's environments (``HostTables.environments``): how many
+    ran, seconds measured (Ready and rounds), of preparation, checks and oracle, and cleanup,
+    and the unmeasured share; the ``limit`` rows with the most unmeasured seconds, then all."""
+    ran = env[env["prepare_s"].notna()]
+    if ran.empty:
+        return []
+    measured = ran["ready_ms"].fillna(0.0) / 1000 + ran["task_s"].fillna(0.0)
+    parts = pd.DataFrame({
+        "mode": ran["mode"], "workload": ran["workload"], "n": 1, "measured": measured,
+        "preparation": ran["prepare_s"], "checks": ran["drive_s"] - measured + ran["oracle_s"],
+        "cleanup": ran["cleanup_s"],
+    })  # fmt: skip
+    sums = parts.groupby(["mode", "workload"], sort=False).sum(numeric_only=True)
+    sums["unmeasured"] = sums["preparation"] + sums["checks"] + sums["cleanup"]
+    top = sums.sort_values("unmeasured", ascending=False, kind="stable").head(limit)
+    total = sums.sum(numeric_only=True)
+
+    def row(name: str, r: pd.Series) -> list[str]:
+        whole = r["measured"] + r["unmeasured"]
+        share = f"{100 * r['unmeasured'] / whole:.0f}%" if whole > 0 else "-"
+        seconds = [f"{r[c]:.1f}" for c in ("measured", "preparation", "checks", "cleanup")]
+        return [name, str(int(r["n"])), *seconds, share]
+
+    names = [f"{mode} / {workload}" for mode, workload in top.index.to_list()]
+    rows = [row(name, r) for name, (_, r) in zip(names, top.iterrows(), strict=True)]
+    return [*rows, row(f"all {len(sums)} cells", total)]

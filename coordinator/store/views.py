@@ -67,6 +67,7 @@ class RecordView(_Identity):
     kind: str = _RECORD["kind"]  # or "sentinel" (coordinator.plan.sentinel)
     started_at: str | None = _RECORD["started_at"]
     wall_s: float | None = _RECORD["wall_s"]
+    phases: dict[str, float] = msgspec.field(default_factory=dict)  # the runner's, unsigned extra
 
 
 RECORD_DECODER = msgspec.json.Decoder(RecordView)
