@@ -15,6 +15,7 @@ import pytest
 
 from contract.records import NOT_RUN_RULE, SCHEMA_VERSION, NotRun, not_run_kind
 from contract.signing import HostKey
+from coordinator.results.walltime import LARGEST
 from coordinator.store.store import Store
 from tests.conftest import files_of
 
@@ -114,6 +115,9 @@ def test_failing_and_unavailable_modes(lab: Lab) -> None:
     assert "— [" in out.stdout and "not run under the first-failure-rule" in out.stdout
     assert _leftover_environments(lab) == []
     _check_wall_split(out.stdout)
+    report = (lab.data / cid / "report.md").read_text()
+    costs = report.split("### Where the time went", 1)[1].split("###", 1)[0]
+    assert "| native / publish | 3 |" in costs and "| all " in costs, costs
 
 
 def _check_wall_split(stdout: str) -> None:
@@ -125,6 +129,11 @@ def _check_wall_split(stdout: str) -> None:
         "measured", "preparation", "oracle", "cleanup", "sentinel"]  # fmt: skip
     assert len(seconds) == 6 and seconds[0] > 0  # five parts and the harness (each rounded)
     assert sum(seconds) == pytest.approx(wall, abs=0.35)  # each figure rounded to 0.1 s
+    costs = next(x for x in stdout.splitlines() if x.startswith("largest unmeasured costs: "))
+    named = costs.removeprefix("largest unmeasured costs: ").split("; ")
+    assert 0 < len(named) <= LARGEST
+    cost = re.compile(r"\S+ / \S+ (prepare|drive|oracle|cleanup)\.\w+: [\d.]+ s \([\d.]+%\)")
+    assert all(cost.fullmatch(c) for c in named), named
 
 
 def _leftover_environments(lab: Lab) -> list[Path]:

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from contract.records import REASONS, EnvironmentRecord, EnvironmentSpec, Quota
-from worker.runner import run_environment
+from worker.runner import PHASES, STEPS, run_environment
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +128,17 @@ def test_phases_account_for_the_environments_wall_time(root: Path) -> None:
     assert phases["drive_s"] > measured  # the drive also holds the checks and the exit
     assert record.wall_s is not None
     assert 0.9 * record.wall_s < sum(phases.values()) <= record.wall_s
+
+
+def test_steps_lie_inside_their_phases(root: Path) -> None:
+    """Each step's seconds are counted inside its phase, and the main ones are there."""
+    record = run(root, "copy-tree", mode="staged")
+    extra = record.model_extra or {}
+    phases, steps = extra["phases"], extra["steps"]
+    assert set(steps) <= {f"{s}_s" for s in STEPS}
+    for step in ("prepare.copy", "prepare.sync", "prepare.snapshot", "drive.checks",
+                 "drive.exit", "oracle.model", "oracle.compare", "cleanup.remove"):  # fmt: skip
+        assert steps.get(f"{step}_s", 0) > 0, (step, steps)
+    for phase in PHASES:
+        inside = sum(s for name, s in steps.items() if name.startswith(f"{phase}."))
+        assert inside <= phases[f"{phase}_s"] + 1e-5, (phase, inside, phases)
