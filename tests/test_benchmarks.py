@@ -86,3 +86,21 @@ def test_fuzz_inputs_counts_what_it_tried() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "plan files (plan show, run): tried 3, failed 0" in done.stdout, done.stdout
     assert "damaged campaigns (verify, report, compare): tried 3, failed 0" in done.stdout
+
+
+def test_campaign_wall_prints_its_figures() -> None:
+    """campaign_wall.py runs sandbench run on an ext4 and a Btrfs work root and prints each
+    campaign's wall time, measured share against its target, split and largest costs (the
+    targets are its verdict at full scale, not this test's: exit 0 or 1, never 2)."""
+    require(os.geteuid() == 0, "root (the Btrfs loop mount)")
+    require_binary("mkfs.btrfs")
+    done = run_script(
+        "campaign_wall.py", "--configs", "full", "btrfs", "--n", "1", "--scale", "0.02",
+        "--workloads", "publish", "seq-write",
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    for config, target in (("full", 70), ("btrfs", 85)):
+        figures = rf"^{config}\s+wall\s+[\d.]+ s\s+measured\s+[\d.]+%\s+"
+        line = figures + rf"target >= {target}%: (met|MISSED)$"
+        assert re.search(line, done.stdout, flags=re.MULTILINE), done.stdout
+    assert done.stdout.count("largest unmeasured costs: ") == 2, done.stdout
