@@ -44,6 +44,7 @@ from worker.config import Allowlist
 from worker.modes import HostInfo, Preflight, get_mode
 from worker.modes.command import is_command_mode
 from worker.runner import run_environment
+from workloads.registry import Models
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ EMBEDDED_TRUST = "this machine's own coordinator key (the embedded run)"
 @dataclass
 class HostState:
     """This host as the gate sees it: its key (and so its name), work root, the coordinator key
-    it trusts, its allowlist of command modes and its mode verdicts."""
+    it trusts, its allowlist of command modes, its mode verdicts and the oracle's models."""
 
     key: HostKey
     work_root: Path
@@ -104,6 +105,7 @@ class HostState:
     coordinator: str | None = None  # the trusted coordinator public key (base64)
     coordinator_from: str = EMBEDDED_TRUST  # where that trust comes from, for messages
     allowlist: Callable[[], Allowlist] | None = None  # None: the embedded run trusts its plan
+    models: Models = field(default_factory=Models)  # the oracle's, reused across environments
 
     @property
     def name(self) -> str:
@@ -220,7 +222,9 @@ def _decide(
     if spec.kind == "environment" and failures.failed_before(spec):
         return not_run(spec, not_run_reason(NotRun.RULE), RULE_DETAIL)
     try:
-        return run_environment(spec, host=host.info(), stop=stop, preflight=verdict)
+        return run_environment(
+            spec, host=host.info(), stop=stop, preflight=verdict, models=host.models
+        )
     except Exception as exc:  # a harness error is data, never a lost environment
         log.exception("environment %s: harness error", spec.key())
         detail = f"harness error on {host.name}: {type(exc).__name__}: {exc}"

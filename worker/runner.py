@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contract.errors import SandbenchError
 from contract.records import REASONS, EnvironmentRecord, EnvironmentSpec, OracleResult, RoundRecord
@@ -55,6 +55,9 @@ from worker.procs import close_pipes, kill_process, spawn_marked
 from worker.snapshot import snapshot, snapshot_diff
 from worker.workroot import remove_tree, syncfs
 from workloads.drive import PAYLOAD_PYTHON
+
+if TYPE_CHECKING:
+    from workloads.registry import Models, Workload
 
 STDERR_TAIL_BYTES = 1500
 EXIT_POLL_S = 0.05
@@ -81,19 +84,21 @@ def run_environment(
     host: HostInfo | None = None,
     stop: threading.Event | None = None,
     preflight: Preflight | None = None,
+    models: Models | None = None,
 ) -> EnvironmentRecord | None:
     """Run one environment of ``spec`` and return its unsigned record (None if stopped).
 
-    ``preflight`` is the mode's verdict the caller already has (else it is asked here).
+    ``preflight`` is the mode's verdict the caller already has (else it is asked here);
+    ``models`` the oracle models the caller keeps across environments (else none is reused).
     """
-    from workloads.registry import get_workload
+    from workloads.registry import Models, get_workload
 
     mode = get_mode(spec.mode, spec.mode_options)
     workload = get_workload(spec.workload)
     workload.check_rounds(spec.rounds)  # bad input: more rounds than fixtures prepare
     host = host or HostInfo()
     verdict = preflight or preflight_of(mode, host)
-    run = _Run(spec, mode, host, stop, verdict)
+    run = _Run(spec, mode, host, stop, verdict, models or Models(keep=0))
     started = time.monotonic()
     try:
         failure = run.execute(workload)
@@ -163,9 +168,10 @@ class _Run:
         host: HostInfo,
         stop: threading.Event | None,
         preflight: Preflight,
+        models: Models,
     ) -> None:
         self.spec, self.mode, self.host, self.stop = spec, mode, host, stop
-        self.preflight = preflight
+        self.preflight, self.models = preflight, models
         self.work_root = Path(spec.work_root).resolve()
         self.seen = Observed()
         self.cgroup: cgroups.Cgroup | None = None
@@ -178,7 +184,7 @@ class _Run:
         self.problems: list[str] = []  # cleanup trouble, noted in the provenance
 
     # -- the protocol ---------------------------------------------------------------------
-    def execute(self, workload: Any) -> Failed | None:
+    def execute(self, workload: Workload) -> Failed | None:
         """Prepare, launch, drive, check: the first failure (classified), or None if passed."""
         self.seen.started_at = utc_now()
         self.seen.provenance = self._provenance(self.preflight)
@@ -431,16 +437,18 @@ class _Run:
         if cpu_s is not None and (problem := containment.cpu_problem(cpu_s, payload, floor)):
             raise Failed("quota-escaped", problem)
 
-    def _check_result(self, workload: Any) -> None:
+    def _check_result(self, workload: Workload) -> None:
         """The oracle on the result root, then (staged) the original workspace's integrity."""
         assert self.env is not None
+        assert self.fixture is not None  # prepared: the workspace was copied from it
         spec = self.spec
         try:
             from workloads.oracle import compare
 
             # the model starts from the very fixture this workspace was copied from
             with self.timed("oracle.model"):
-                model = workload.model(spec.seed, spec.scale, spec.rounds, fixture=self.fixture)
+                model = self.models.model(workload, spec.seed, spec.scale, spec.rounds,
+                                          self.fixture)  # fmt: skip
             with self.timed("oracle.compare"):
                 mismatches = list(compare(self.mode.result_root(self.env), model))
         except Exception as exc:  # noqa: BLE001 -- an oracle that cannot even look is a mismatch, with why

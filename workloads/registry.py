@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import os
+from collections import OrderedDict
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ from workloads import catalog, fixtures, kit, oracle
 from workloads.kit import MAX_ROUNDS, Declaration, ModelState, Params
 
 GROUP_NAMES = kit.GROUPS
+MODELS_KEPT = 32  # a campaign's distinct (workload, seed, scale, rounds): 19 per plan, as a rule
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,36 @@ GROUPS: dict[str, list[str]] = {
 }
 # The sentinel's calibration environments: run and checked like workloads, listed nowhere.
 CALIBRATIONS: dict[str, Workload] = {n: Workload.of(d) for n, d in catalog.CALIBRATION.items()}
+
+
+class Models:
+    """Oracle models kept for reuse by the host that computed them.
+
+    A model is a pure function of (workload, seed, scale, rounds) and of the fixture it starts
+    from, which never changes once built: the fixture is named by its root's device, inode and
+    change time, so a fixture built again gets a new model. The oracle still compares every
+    environment's final state, byte by byte, with its model; only the model is not computed
+    again. Kept: the ``keep`` most recently used.
+    """
+
+    def __init__(self, keep: int = MODELS_KEPT) -> None:
+        self.keep = keep
+        self._kept: OrderedDict[tuple[object, ...], oracle.Model] = OrderedDict()
+
+    def model(
+        self, workload: Workload, seed: int, scale: float, rounds: int, fixture: Path
+    ) -> oracle.Model:
+        """``workload.model(seed, scale, rounds, fixture)``, computed once."""
+        st = os.stat(fixture)
+        key = (workload.name, seed, scale, rounds, str(fixture), st.st_dev, st.st_ino,
+               st.st_ctime_ns)  # fmt: skip
+        if key in self._kept:
+            self._kept.move_to_end(key)
+            return self._kept[key]
+        model = self._kept[key] = workload.model(seed, scale, rounds, fixture=fixture)
+        while len(self._kept) > self.keep:
+            self._kept.popitem(last=False)
+        return model
 
 
 def get_workload(name: str) -> Workload:
