@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -192,3 +195,21 @@ def test_the_walk_sees_upward_imports_and_cycles(
     graph = import_graph(module_files(tmp_path))
     assert upward_imports(graph) == upward
     assert cycles(graph) == cycle
+
+
+def test_the_payload_needs_only_workloads(tmp_path: Path) -> None:
+    """The payload runs inside environments (containers, guests) where only ``workloads/`` is
+    present: its modules import the standard library and ``workloads`` alone."""
+    shutil.copytree(REPO / "workloads", tmp_path / "workloads",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import workloads.protocol; "
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('workloads', 'contract', 'worker', 'coordinator'))))"
+    )
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(tmp_path)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout.split()
+    assert "workloads.catalog" in loaded
+    assert all(m.split(".")[0] == "workloads" for m in loaded), loaded

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from contract.environ import setting
 from workloads.kit import (
     Check,
     Declaration,
@@ -51,7 +50,7 @@ def tool_env(root: str) -> dict[str, str]:
     name, email = GIT_IDENT
     nowhere = os.path.join(root, ".no-home")  # never created: HOME may be unset or unwritable
     return {
-        "PATH": setting("PATH") or "/usr/local/bin:/usr/bin:/bin",
+        "PATH": os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin",
         "HOME": nowhere,
         "XDG_CONFIG_HOME": nowhere,
         "LC_ALL": "C",
