@@ -28,14 +28,13 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.workspace_prep import loop_mounted  # noqa: E402
 from coordinator.plan.file import SMOKE_SCALE  # noqa: E402
 from workloads.fixtures import ensure_fixture  # noqa: E402
 from workloads.registry import WORKLOADS  # noqa: E402
@@ -43,7 +42,6 @@ from workloads.registry import WORKLOADS  # noqa: E402
 CONFIGS = ("full", "smoke", "btrfs")
 TARGETS = {"full": 0.70, "smoke": 0.80, "btrfs": 0.85}
 SEED = 1  # the plans' and the smoke preset's
-IMAGE_BYTES = 24 << 30  # sparse: the Btrfs work root costs what the campaign writes
 RUN_TIMEOUT_S = 4 * 3600
 WALL = re.compile(r"^wall time ([\d.]+) s: (.*); harness ([\d.]+) s", re.MULTILINE)
 PART = re.compile(r"(measured|preparation|oracle and checks|cleanup|sentinel) ([\d.]+) s")
@@ -99,21 +97,6 @@ def run_campaign(home: Path, work_root: Path, plan: Path | None) -> Figures | st
     return Figures(float(wall.group(1)), parts, float(wall.group(3)), largest)
 
 
-@contextmanager
-def btrfs_root(directory: Path) -> Iterator[Path]:
-    """A fresh sparse Btrfs image loop-mounted under ``directory``; unmounted after."""
-    image, mount = directory / "btrfs.img", directory / "btrfs"
-    with open(image, "wb") as f:
-        f.truncate(IMAGE_BYTES)
-    subprocess.run(["mkfs.btrfs", "-q", "-f", str(image)], check=True, capture_output=True)
-    mount.mkdir()
-    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
-
-
 def measure(config: str, args: argparse.Namespace, scratch: Path) -> Figures | str:
     """Run ``config`` in its own store under ``scratch``."""
     home = scratch / config
@@ -125,7 +108,7 @@ def measure(config: str, args: argparse.Namespace, scratch: Path) -> Figures | s
     scale = SMOKE_SCALE if config == "smoke" else args.scale
     workloads = [] if config == "smoke" else args.workloads
     if config == "btrfs":
-        with btrfs_root(home) as root:
+        with loop_mounted(home, "btrfs") as root:
             build_fixtures(root / "work", workloads, scale)
             return run_campaign(home, root / "work", plan)
     work_root = args.work_root / f"campaign-wall-{config}"  # kept: its fixtures are reused

@@ -232,6 +232,11 @@ class ChainLink(BaseModel):
     ed25519: str
 
 
+# The fields a record copies from its spec under the same name (``rounds`` is ``rounds_planned``).
+SPEC_IDENTITY = ("campaign", "cohort", "host", "mode", "workload", "env_index", "attempt",
+                 "order_index", "task_id", "seed", "scale", "kind")  # fmt: skip
+
+
 class EnvironmentRecord(BaseModel):
     """The result of one environment, run or not; signed by the host that produced it."""
 
@@ -284,22 +289,8 @@ class EnvironmentRecord(BaseModel):
     @classmethod
     def from_spec(cls, spec: EnvironmentSpec, **fields: Any) -> EnvironmentRecord:
         """A record carrying the identity fields of ``spec``."""
-        return cls(
-            campaign=spec.campaign,
-            cohort=spec.cohort,
-            host=spec.host,
-            mode=spec.mode,
-            workload=spec.workload,
-            env_index=spec.env_index,
-            attempt=spec.attempt,
-            order_index=spec.order_index,
-            task_id=spec.task_id,
-            seed=spec.seed,
-            scale=spec.scale,
-            rounds_planned=spec.rounds,
-            kind=spec.kind,
-            **fields,
-        )
+        identity = {name: getattr(spec, name) for name in SPEC_IDENTITY}
+        return cls(**identity, rounds_planned=spec.rounds, **fields)
 
 
 def failed_fields(reason: str, detail: str | None = None) -> dict[str, Any]:
