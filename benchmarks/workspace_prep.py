@@ -36,13 +36,18 @@ Times = dict[tuple[str, str], list[tuple[float, float]]]  # (workload, fs) -> (p
 
 
 @contextmanager
-def loop_mounted(directory: Path, fstype: str) -> Iterator[Path]:
-    """A fresh sparse image of ``fstype`` mounted under ``directory``."""
-    image, mount = directory / f"{fstype}.img", directory / fstype
+def loop_mounted(
+    directory: Path, fstype: str, options: list[str] | None = None, name: str | None = None
+) -> Iterator[Path]:
+    """A fresh sparse image of ``fstype`` (made with mkfs ``options``) mounted under
+    ``directory`` as ``name`` (default: the type's name)."""
+    name = name or fstype
+    image, mount = directory / f"{name}.img", directory / name
     with open(image, "wb") as f:
         f.truncate(IMAGE_BYTES)
     force = ["-F"] if fstype == "ext4" else ["-f"]
-    subprocess.run([f"mkfs.{fstype}", "-q", *force, str(image)], check=True, capture_output=True)
+    argv = [f"mkfs.{fstype}", "-q", *force, *(options or []), str(image)]
+    subprocess.run(argv, check=True, capture_output=True)
     mount.mkdir()
     subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
     try:

@@ -13,6 +13,14 @@ from workloads.fixtures import PLAIN_COPY, REFLINK, reflink_works
 
 TOOL_TIMEOUT_S = 10
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+NO_JOURNAL = "ext4 without a journal"
+NO_JOURNAL_WARNING = (
+    "The work root is on ext4 without a journal: it does not reuse an inode freed in the last "
+    "30 s (5 min 30 s while its inode table block is dirty) and every create walks past each "
+    "one, so earlier environments' deletions (cleanup, a workload's own) slow later creates: "
+    "metadata cells (create-small, copies, builds) may drift with the run order for that "
+    "reason (benchmarks/inode_reuse.py). A work root on a journaled file system does not."
+)
 
 
 def cpu_model() -> str:
@@ -49,6 +57,38 @@ def filesystem_of(path: Path) -> dict[str, str]:
             fstype, source = ([*right.split(), "", ""])[:2]
             best = {"mount_point": mount_point, "type": fstype, "source": source}
     return best
+
+
+def ext4_journal(path: Path) -> bool | None:
+    """Whether the ext4 file system holding ``path`` has a journal; None if it is not ext4.
+
+    Read from ``/sys/fs/ext4/<device>/journal_task`` (``<none>`` without a journal).
+    """
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    dev = os.stat(path).st_dev
+    device = Path(os.path.realpath(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")).name
+    try:
+        task = (Path("/sys/fs/ext4") / device / "journal_task").read_text().strip()
+    except OSError:  # not ext4 (or a kernel without the attribute)
+        return None
+    return task != "<none>"
+
+
+def work_root_journal(work_root: Path) -> str:
+    """The work root's file system and its journal, as the record's host facts say it.
+
+    ``ext4 without a journal`` matters to metadata results: such an ext4 does not reuse an inode
+    freed in the last 30 s (5 min 30 s while its inode table block is dirty) and walks past
+    each of them on every create, so deletions (the previous environments' cleanup, a
+    workload's own) slow the creates of the environments after them
+    (``benchmarks/inode_reuse.py``).
+    """
+    journal = ext4_journal(work_root)
+    if journal is None:
+        return filesystem_of(work_root)["type"]
+    return "ext4 with a journal" if journal else NO_JOURNAL
 
 
 def workspace_copy(work_root: Path) -> str:
@@ -104,6 +144,7 @@ def host_facts(work_root: Path, tools: dict[str, list[str]]) -> dict[str, Any]:
         "os": _os_release(),
         "work_root": str(work_root),
         "work_root_fs": filesystem_of(work_root),
+        "work_root_journal": work_root_journal(work_root),
         "workspace_copy": workspace_copy(work_root),
         "cgroup": cgroup_version(),
         "accelerator": accelerator(),

@@ -39,6 +39,7 @@ from coordinator.store.policy import Verification, verify_campaign
 from coordinator.store.store import Store
 from coordinator.store.trust import HostRegistry
 from coordinator.store.verdict import verdict_of
+from worker.hostinfo import NO_JOURNAL, NO_JOURNAL_WARNING, work_root_journal
 from worker.workroot import check_work_root
 
 EXIT_CHECK_FAILED = 1
@@ -129,6 +130,17 @@ def print_tables(analysis: Analysis, console: Console) -> None:
             click.echo(f"host {t.host}, cohort {t.cohort}: {mark.summary()}")
 
 
+def _opening_lines(
+    plan: tuple[str, Plan] | None, resume_id: str | None, work_root: Path
+) -> list[str]:
+    """What ``run`` says before it starts: the plan (or the resumed campaign), and a warning
+    when the work root's file system makes metadata results drift (ext4 without a journal)."""
+    lines = list(describe(plan[1])) if plan else [f"resuming campaign {resume_id}"]
+    if work_root_journal(work_root) == NO_JOURNAL:
+        lines.append(f"warning: {NO_JOURNAL_WARNING}")
+    return lines
+
+
 @click.command("run")
 @click.argument("plan_path", required=False, type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--preset", "preset_name", type=click.Choice(PRESETS), help="A built-in plan.")
@@ -168,7 +180,7 @@ def run_command(
         )
     key, signer = keys.make(registry)
     store, err = Store(data_dir, signer=signer), Console(stderr=True)
-    for line in describe(plan[1]) if plan else [f"resuming campaign {resume_id}"]:
+    for line in _opening_lines(plan, resume_id, work_root):
         err.print(line, markup=False, highlight=False, soft_wrap=True)
     stop = threading.Event()
     with _stop_on_signals(stop, err):

@@ -32,6 +32,7 @@ from coordinator.store.store import Campaign, Store
 from coordinator.store.trust import HostRegistry
 from coordinator.store.verdict import verdict_of
 from coordinator.store.views import CampaignView
+from worker.hostinfo import NO_JOURNAL, NO_JOURNAL_WARNING
 from workloads.registry import WORKLOADS
 
 # The report's sections, in order: a workload's declaration names its section (its
@@ -236,12 +237,16 @@ def sentinel_blocks(s: SentinelTable | None, every: int, stem: Path) -> list[Blo
     return blocks
 
 
-def trend_blocks(t: HostTables) -> list[Block]:
+def trend_blocks(t: HostTables, journal: str | None = None) -> list[Block]:
     """Drift inside the campaign (``coordinator.results.trend``): each cell's change over the run
-    order, workloads x modes, "(sig.)" where it is significant after Holm's correction."""
+    order, workloads x modes, "(sig.)" where it is significant after Holm's correction; with a
+    warning when the work root was ``journal`` = ext4 without a journal (the host's fact)."""
     found = cell_trends(t.environments)
     if not found:
         return []
+    warning: list[Block] = []
+    if journal == NO_JOURNAL:
+        warning = [("p", NO_JOURNAL_WARNING)]
     modes = list(dict.fromkeys(x.mode for x in found))
     by_key = {(x.mode, x.workload): x for x in found}
     table = Table(
@@ -267,7 +272,7 @@ def trend_blocks(t: HostTables) -> list[Block]:
     else:
         verdict = (f"No cell has the {MIN_N} passed environments a trend test needs: the changes "
                    "are shown, untested.")  # fmt: skip
-    return [("h3", "Drift inside the campaign"), ("p", verdict), ("table", table)]
+    return [("h3", "Drift inside the campaign"), *warning, ("p", verdict), ("table", table)]
 
 
 # What each mode ran on a host, named next to the mode (the provenance's preflight facts): the
@@ -328,7 +333,7 @@ def host_blocks(
     plot = plots.startup_range(t, plot_dir / f"{slug}-startup")
     blocks += [("plot", plot)] if plot else []
     blocks += sentinel_blocks(*sentinel, plot_dir / f"{slug}-sentinel")
-    blocks += trend_blocks(t)
+    blocks += trend_blocks(t, provenance.get("work_root_journal"))
     blocks += cost_blocks(t)
     blocks += [("h3", "Coverage"), ("table", _coverage_table(t))]
     blocks += [("h3", "Failures and missing observations"), ("table", _failures_table(t))]
