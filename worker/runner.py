@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from contract.errors import SandbenchError
 from contract.records import REASONS, EnvironmentRecord, EnvironmentSpec, OracleResult, RoundRecord
 from contract.stamps import utc_now
-from worker import cgroups, containment, ledger
+from worker import cgroups, containment, ledger, trash
 from worker.channel import (
     Channel,
     ChannelClosed,
@@ -53,7 +53,7 @@ from worker.modes import EnvContext, HostInfo, Mode, Preflight, get_mode
 from worker.modes.base import STDERR_FILE
 from worker.procs import close_pipes, kill_process, spawn_marked
 from worker.snapshot import snapshot, snapshot_diff
-from worker.workroot import remove_tree, syncfs
+from worker.workroot import syncfs
 from workloads.drive import PAYLOAD_PYTHON
 
 if TYPE_CHECKING:
@@ -582,10 +582,10 @@ class _Run:
                 self.cgroup.kill()
             except SandbenchError as exc:
                 problems.append(str(exc))
-        if self.base is not None:  # first: unlinked files free their page cache at once
+        if self.base is not None:  # first: deleted (or trashed) files' pages can then go
             with self.timed("cleanup.remove"):
-                problems.extend(remove_tree(self.base, self.work_root))
-            try:  # the deletions written back, so the metadata pages they dirtied can go too
+                problems.extend(trash.discard(self.base, self.work_root))
+            try:  # the removal written back, so the metadata pages it dirtied can go too
                 with self.timed("cleanup.sync"):
                     syncfs(self.work_root)
             except OSError as exc:

@@ -33,14 +33,14 @@ def remove_tree(path: Path, work_root: Path) -> list[str]:
     path, work_root = path.absolute(), work_root.resolve()
     if path.resolve() == work_root or work_root not in path.resolve().parents:
         raise SandbenchError(f"refusing to delete {path}: not inside the work root {work_root}")
-    problems = [f"unmount {m}: errno {e}" for m, e in _unmount_below(path.resolve()) if e]
+    problems = [f"unmount {m}: errno {e}" for m, e in unmount_below(path.resolve()) if e]
     shutil.rmtree(path, ignore_errors=True)
     if os.path.lexists(path):
         problems.append(f"could not remove {path}")
     return problems
 
 
-def _unmount_below(path: Path) -> list[tuple[str, int]]:
+def unmount_below(path: Path) -> list[tuple[str, int]]:
     """Detach every mount at or below ``path`` (deepest first); (mount point, errno) each."""
     points = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():

@@ -22,11 +22,14 @@ from contract.paths import DEFAULT_WORK_ROOT
 )
 @click.option("--json", "as_json", is_flag=True, help="print what was reaped as one JSON object")
 def clean(work_root: Path, as_json: bool) -> None:
-    """Reap leftovers of dead environments: containers, VMs, processes, cgroups, mounts, files.
+    """Reap leftovers of dead environments: containers, VMs, processes, cgroups, mounts, files;
+    then empty the work root's trash (removed environments kept whole where deleting them
+    slows later creates: ext4 without a journal, see worker/trash.py).
 
     Only what this work root owns is touched, and never an environment whose process still
     runs. Exit status 1 if something could not be removed.
     """
+    from worker import trash
     from worker.reaper import reap
 
     if not work_root.is_dir():
@@ -35,11 +38,16 @@ def clean(work_root: Path, as_json: bool) -> None:
         )
     logging.getLogger("sandbench.reaper").setLevel(logging.CRITICAL)  # the lines below say it all
     result = reap(work_root)
+    held = trash.held(work_root)
+    for problem in trash.empty(work_root):
+        result.problem(problem)
     if as_json:
-        click.echo(json.dumps(result.as_dict(), sort_keys=True))
+        click.echo(json.dumps({**result.as_dict(), "trash_emptied": held}, sort_keys=True))
     else:
         for line in result.lines():
             click.echo(line)
+        if held:
+            click.echo(f"emptied the trash: {held} removed environments' directories")
     if result.problems:
         raise SystemExit(1)
 

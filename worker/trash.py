@@ -1,0 +1,103 @@
+"""Deferred removal where a deletion slows later creates: the work root's trash.
+
+On ext4 without a journal (``worker.hostinfo.NO_JOURNAL``) an inode freed in the last 30 s (5
+min 30 s while its inode table block is dirty) is not reused, and every create walks past each
+such inode: deleting an environment's files at its cleanup slows the next environments' copies
+and their measured creates, and metadata results drift with the run order
+(``benchmarks/inode_reuse.py``). There, an environment's directory is not deleted at cleanup but
+renamed into ``<work root>/trash/`` (one rename; its write-back is in the syncfs after it), so
+a campaign frees no inode of its own workspaces while it runs. The trash is emptied:
+
+* when it has grown past its budget: the file system's free space or free inodes fell by more
+  than ``BUDGET_SHARE`` of what was free when the trash was started (the space of anything else
+  written meanwhile counts too, so it is emptied early, never late), or below
+  ``FLOOR_SHARE`` of the whole file system. Then the penalty lands once, in that environment's
+  cleanup;
+* by ``sandbench host clean`` (and by nothing else: a worker's start leaves it).
+
+Elsewhere (a journal, Btrfs, tmpfs) the directory is deleted at once, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from worker.hostinfo import NO_JOURNAL, work_root_journal
+from worker.workroot import remove_tree, unmount_below
+
+TRASH_DIR = "trash"  # under the work root
+SINCE_FILE = ".since.json"  # the file system's free space and inodes when the trash started
+BUDGET_SHARE = 0.25
+FLOOR_SHARE = 0.10
+
+
+def defers(work_root: Path) -> bool:
+    """Whether removals in ``work_root`` go to its trash (its file system is ext4 without a
+    journal)."""
+    return work_root_journal(work_root) == NO_JOURNAL
+
+
+def discard(path: Path, work_root: Path) -> list[str]:
+    """Remove the environment directory ``path`` (inside ``work_root``): into the trash where
+    deletions slow creates, else deleted; the trash is emptied when over its budget. Problems,
+    as ``remove_tree`` gives them."""
+    if not defers(work_root):
+        return remove_tree(path, work_root)
+    problems = [f"unmount {m}: errno {e}" for m, e in unmount_below(path.resolve()) if e]
+    trash = work_root / TRASH_DIR
+    since = trash / SINCE_FILE
+    try:
+        trash.mkdir(exist_ok=True)
+        if not since.exists():
+            free = os.statvfs(work_root)
+            since.write_text(json.dumps({"bytes": _free_bytes(free), "inodes": free.f_favail}))
+        path.rename(trash / f"{path.name}-{time.time_ns()}")
+    except OSError:  # another file system below the work root, a full disk: delete it now
+        return problems + remove_tree(path, work_root)
+    if over_budget(work_root):
+        problems += empty(work_root)
+    return problems
+
+
+def over_budget(work_root: Path) -> bool:
+    """Whether the trash of ``work_root`` must be emptied now (see the module's text)."""
+    try:
+        since = json.loads((work_root / TRASH_DIR / SINCE_FILE).read_text())
+        start_bytes, start_inodes = int(since["bytes"]), int(since["inodes"])
+    except (OSError, ValueError, KeyError, TypeError):  # unreadable: empty it, start anew
+        return True
+    now = os.statvfs(work_root)
+    floor_bytes, floor_inodes = now.f_blocks * now.f_frsize, now.f_files
+    return (
+        start_bytes - _free_bytes(now) > BUDGET_SHARE * start_bytes
+        or start_inodes - now.f_favail > BUDGET_SHARE * start_inodes
+        or _free_bytes(now) < FLOOR_SHARE * floor_bytes
+        or now.f_favail < FLOOR_SHARE * floor_inodes
+    )
+
+
+def empty(work_root: Path) -> list[str]:
+    """Delete everything in ``work_root``'s trash; what could not be deleted."""
+    trash = work_root / TRASH_DIR
+    if not trash.is_dir():
+        return []
+    shutil.rmtree(trash, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        if any(trash.iterdir()):
+            return [f"could not empty {trash}"]
+    return []
+
+
+def held(work_root: Path) -> int:
+    """How many removed environments' directories the trash of ``work_root`` holds."""
+    trash = work_root / TRASH_DIR
+    return sum(1 for p in trash.iterdir() if p.is_dir()) if trash.is_dir() else 0
+
+
+def _free_bytes(st: os.statvfs_result) -> int:
+    return st.f_bavail * st.f_frsize
