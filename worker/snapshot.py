@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from pathlib import Path
 from typing import Any
 
-HASH_CHUNK = 1 << 20
+from workloads.oracle import file_states
+
 Snapshot = dict[str, tuple[Any, ...]]
 
 
 def snapshot(root: Path) -> Snapshot:
-    """Every entry under ``root``: kind, permission bits and, for files, size and SHA-256."""
+    """Every entry under ``root``: kind, permission bits and, for files, size and SHA-256 (the
+    large files hashed in parallel, ``workloads.oracle.file_states``)."""
     entries: Snapshot = {}
+    files: list[tuple[str, os.stat_result]] = []
     for directory, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             path = Path(directory, name)
@@ -23,9 +25,13 @@ def snapshot(root: Path) -> Snapshot:
             if stat.S_ISLNK(info.st_mode):
                 entries[rel] = ("link", os.readlink(path))
             elif stat.S_ISREG(info.st_mode):
-                entries[rel] = ("file", info.st_mode, info.st_size, _sha256(path))
+                files.append((str(path), info))
+                entries[rel] = ("file", info.st_mode, info.st_size)
             else:
                 entries[rel] = ("other", info.st_mode)
+    for (file, _), state in zip(files, file_states(files), strict=True):
+        name = str(Path(file).relative_to(root))
+        entries[name] = (*entries[name], state.sha256)
     return entries
 
 
@@ -36,12 +42,3 @@ def snapshot_diff(before: Snapshot, after: Snapshot) -> list[str]:
     both = sorted(before.keys() & after.keys())
     changes += [f"changed {p}" for p in both if before[p] != after[p]]
     return changes
-
-
-def _sha256(path: Path) -> str:
-    """SHA-256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()

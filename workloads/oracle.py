@@ -7,6 +7,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -14,6 +15,10 @@ from pathlib import Path
 from workloads.kit import FileState
 
 HASH_CHUNK = 1 << 20
+# Files at least this large are hashed on a thread each, as many at once as the process has
+# CPUs (hashlib and read() let go of the GIL): each byte is still read once; smaller files are
+# hashed in the walk's thread, where a thread's hand-off would cost more than the hash.
+PARALLEL_BYTES = 4 << 20
 # A file system's own bookkeeping at a mount root is never part of a workload's state.
 ALWAYS_IGNORED = ("lost+found",)
 
@@ -49,6 +54,20 @@ def _file_state(path: str, st: os.stat_result) -> FileState:
     return FileState(st.st_size, h.hexdigest())
 
 
+def file_states(paths: list[tuple[str, os.stat_result]]) -> list[FileState]:
+    """``_file_state`` of each (path, lstat), in order; the large files hashed in parallel."""
+    states: list[FileState | None] = [None] * len(paths)
+    large = [i for i, (_, st) in enumerate(paths) if stat.S_ISREG(st.st_mode)
+             and st.st_size >= PARALLEL_BYTES]  # fmt: skip
+    workers = min(len(os.sched_getaffinity(0)), len(large))
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            hashed = pool.map(lambda i: _file_state(*paths[i]), large)
+            for i, state in zip(large, hashed, strict=True):
+                states[i] = state
+    return [s if s is not None else _file_state(*paths[i]) for i, s in enumerate(states)]
+
+
 def walk(root: Path, ignore: Iterable[str] = ()) -> Iterator[tuple[str, os.stat_result]]:
     """Every entry below ``root`` (relative path, lstat), sorted, skipping ignored subtrees."""
     patterns = (*ALWAYS_IGNORED, *ignore)
@@ -69,14 +88,15 @@ def walk(root: Path, ignore: Iterable[str] = ()) -> Iterator[tuple[str, os.stat_
 
 def scan_tree(root: Path, ignore: Iterable[str] = ()) -> tuple[dict[str, FileState], set[str]]:
     """Files (path -> state) and directories below ``root``."""
-    files: dict[str, FileState] = {}
     dirs: set[str] = set()
+    found: list[tuple[str, os.stat_result]] = []
     for rel, st in walk(root, ignore):
         if stat.S_ISDIR(st.st_mode):
             dirs.add(rel)
         else:
-            files[rel] = _file_state(os.path.join(root, rel), st)
-    return files, dirs
+            found.append((rel, st))
+    states = file_states([(os.path.join(root, rel), st) for rel, st in found])
+    return {rel: state for (rel, _), state in zip(found, states, strict=True)}, dirs
 
 
 def scan(root: Path, ignore: Iterable[str] = ()) -> dict[str, FileState]:
