@@ -18,6 +18,7 @@ from contract.signing import HostKey
 from coordinator.results.walltime import LARGEST
 from coordinator.store.store import Store
 from tests.conftest import files_of
+from worker import trash
 
 FAILING_PLAN = """
 name = "rule"
@@ -115,6 +116,13 @@ def test_failing_and_unavailable_modes(lab: Lab) -> None:
     assert "— [" in out.stdout and "not run under the first-failure-rule" in out.stdout
     assert _leftover_environments(lab) == []
     _check_wall_split(out.stdout)
+    kept = re.search(r"^trash: (\d+) removed environments' directories kept in (.*) \(", out.stdout,
+                     re.MULTILINE)  # fmt: skip
+    if trash.defers(lab.work):  # ext4 without a journal (this machine's root): run says so
+        assert kept and int(kept.group(1)) == trash.held(lab.work) > 0, out.stdout
+        assert kept.group(2) == str(lab.work / trash.TRASH_DIR)
+    else:
+        assert kept is None and trash.held(lab.work) == 0
     report = (lab.data / cid / "report.md").read_text()
     costs = report.split("### Where the time went", 1)[1].split("###", 1)[0]
     assert "| native / publish | 3 |" in costs and "| all " in costs, costs

@@ -34,6 +34,7 @@ from coordinator.results.compare import (
     verdict,
 )
 from coordinator.store.store import Store
+from worker import hostinfo
 from workloads.catalog import CALIBRATION
 
 SLOW_SYNC_S = 0.05  # the slow mode's sync sleeps this long inside every round's clock
@@ -128,6 +129,9 @@ def test_two_modes_of_one_campaign(campaigns: Campaigns) -> None:
     drift = report.split("### Drift inside the campaign", 1)[1]
     assert re.match(r"\s+(No cell of the 2 tested drifts|\d of the 2 cells tested drift)", drift)
     assert "| workload | native | slow-sync |" in drift.split("###", 1)[0], drift[:600]
+    journal = hostinfo.work_root_journal(campaigns.lab.work)  # the warning where it applies
+    warned = "The work root is on ext4 without a journal" in drift.split("###", 1)[0]
+    assert warned == (journal == hostinfo.NO_JOURNAL)
     same = _cell(campaigns.json("A:native", "A:native"), "native")
     assert same["ratio"] == 1.0 and same["low"] < 1 < same["high"] and same["verdict"] == SAME
 

@@ -20,7 +20,13 @@ from contract.options import data_option
 from contract.paths import DEFAULT_WORK_ROOT
 from contract.signing import COORDINATOR_KEY_FILE, default_coordinator_key_path
 from contract.stamps import utc_now
-from coordinator.local import OwnKeys, check_planned_here, run_campaign, summary_line
+from coordinator.local import (
+    OwnKeys,
+    RunResult,
+    check_planned_here,
+    run_campaign,
+    summary_line,
+)
 from coordinator.plan.campaign import describe
 from coordinator.plan.file import (
     PRESETS,
@@ -39,6 +45,7 @@ from coordinator.store.policy import Verification, verify_campaign
 from coordinator.store.store import Store
 from coordinator.store.trust import HostRegistry
 from coordinator.store.verdict import verdict_of
+from worker import trash
 from worker.hostinfo import NO_JOURNAL, NO_JOURNAL_WARNING, work_root_journal
 from worker.workroot import check_work_root
 
@@ -141,6 +148,17 @@ def _opening_lines(
     return lines
 
 
+def _closing_lines(result: RunResult, work_root: Path) -> list[str]:
+    """What ``run`` says after its summary: the wall-time split (when it ran something) and
+    what the work root's trash keeps (ext4 without a journal, ``worker.trash``)."""
+    lines = result.wall.lines() if result.recorded_now else []
+    if held := trash.held(work_root):
+        lines.append(f"trash: {held} removed environments' directories kept in "
+                     f"{work_root / trash.TRASH_DIR} (deleting them slows later creates on ext4 "
+                     "without a journal); sandbench host clean deletes them")  # fmt: skip
+    return lines
+
+
 @click.command("run")
 @click.argument("plan_path", required=False, type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--preset", "preset_name", type=click.Choice(PRESETS), help="A built-in plan.")
@@ -204,8 +222,8 @@ def run_command(
             click.echo(f"problem: {problem}")
         click.echo(f"records: {checked.verdict}")
     click.echo(summary_line(result))
-    if result.recorded_now:
-        click.echo("\n".join(result.wall.lines()))
+    for line in _closing_lines(result, work_root):
+        click.echo(line)
     click.echo(f"campaign: {result.campaign_id}")
     if not result.complete:
         sys.exit(EXIT_INTERRUPTED)

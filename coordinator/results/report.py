@@ -272,7 +272,7 @@ def trend_blocks(t: HostTables, journal: str | None = None) -> list[Block]:
     else:
         verdict = (f"No cell has the {MIN_N} passed environments a trend test needs: the changes "
                    "are shown, untested.")  # fmt: skip
-    return [("h3", "Drift inside the campaign"), *warning, ("p", verdict), ("table", table)]
+    return [("h3", "Drift inside the campaign"), ("p", verdict), *warning, ("table", table)]
 
 
 # What each mode ran on a host, named next to the mode (the provenance's preflight facts): the
