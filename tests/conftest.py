@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,3 +70,26 @@ def mode_spec(mode: str, workload: str, work_root: Path, /, **overrides: object)
     }  # fmt: skip
     fields.update(overrides)
     return EnvironmentSpec(**fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def ext4_images(tmp_path: Path) -> Iterator[dict[bool, Path]]:
+    """Two loop-mounted 512 MiB ext4 images: with a journal (True) and without one (False)."""
+    require(os.geteuid() == 0, "root (loop mounts)")
+    mkfs = require_binary("mkfs.ext4")
+    mounts: dict[bool, Path] = {}
+    try:
+        for journal in (True, False):
+            image, mount = tmp_path / f"{journal}.img", tmp_path / f"journal-{journal}"
+            with open(image, "wb") as f:
+                f.truncate(512 << 20)
+            feature = "has_journal" if journal else "^has_journal"
+            subprocess.run([mkfs, "-q", "-F", "-O", feature, str(image)], check=True,
+                           capture_output=True)  # fmt: skip
+            mount.mkdir()
+            subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
+            mounts[journal] = mount
+        yield mounts
+    finally:
+        for mount in mounts.values():
+            subprocess.run(["umount", str(mount)], check=True)

@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -92,29 +91,6 @@ def test_here_every_line_passes_but_kvm_and_the_journal() -> None:
         return
     assert reason in lines["kvm"]["detail"] and "fall back to TCG" in lines["kvm"]["detail"]
     assert "sandbench vm prepare" in lines["kvm"]["fix"] and accel.CACHE_FILE in lines["kvm"]["fix"]
-
-
-@pytest.fixture
-def ext4_images(tmp_path: Path) -> Iterator[dict[bool, Path]]:
-    """Two loop-mounted ext4 images, with a journal (True) and without one (False)."""
-    require(os.geteuid() == 0, "root (loop mounts)")
-    mkfs = require_binary("mkfs.ext4")
-    mounts: dict[bool, Path] = {}
-    try:
-        for journal in (True, False):
-            image, mount = tmp_path / f"{journal}.img", tmp_path / f"journal-{journal}"
-            with open(image, "wb") as f:
-                f.truncate(256 << 20)
-            feature = "has_journal" if journal else "^has_journal"
-            subprocess.run([mkfs, "-q", "-F", "-O", feature, str(image)], check=True,
-                           capture_output=True)  # fmt: skip
-            mount.mkdir()
-            subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
-            mounts[journal] = mount
-        yield mounts
-    finally:
-        for mount in mounts.values():
-            subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_the_journal_line_follows_the_work_roots_file_system(

@@ -10,40 +10,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from contract.records import EnvironmentSpec
-from tests.conftest import REPO, require, require_binary
+from tests.conftest import REPO
 from worker import ledger, trash
 from worker.runner import run_environment
 
 IMAGE_BYTES = 512 << 20
-
-
-@pytest.fixture
-def ext4(tmp_path: Path) -> Iterator[dict[bool, Path]]:
-    """Loop-mounted ext4 work roots: with a journal (True) and without one (False)."""
-    require(os.geteuid() == 0, "root (loop mounts)")
-    mkfs = require_binary("mkfs.ext4")
-    mounts: dict[bool, Path] = {}
-    try:
-        for journal in (True, False):
-            image, mount = tmp_path / f"{journal}.img", tmp_path / f"journal-{journal}"
-            with open(image, "wb") as f:
-                f.truncate(IMAGE_BYTES)
-            feature = "has_journal" if journal else "^has_journal"
-            subprocess.run([mkfs, "-q", "-F", "-O", feature, str(image)], check=True,
-                           capture_output=True)  # fmt: skip
-            mount.mkdir()
-            subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
-            mounts[journal] = mount
-        yield mounts
-    finally:
-        for mount in mounts.values():
-            subprocess.run(["umount", str(mount)], check=True)
 
 
 def run_one(work_root: Path, index: int) -> None:
@@ -62,10 +36,12 @@ def envs(work_root: Path) -> list[str]:
     return sorted(p.name for p in (work_root / ledger.ENVS_DIR).iterdir())
 
 
-def test_without_a_journal_removed_environments_wait_in_the_trash(ext4: dict[bool, Path]) -> None:
+def test_without_a_journal_removed_environments_wait_in_the_trash(
+    ext4_images: dict[bool, Path],
+) -> None:
     """On ext4 without a journal each environment's directory goes whole into the trash (so no
     inode of it is freed while the campaign runs); nothing stays under envs/ or in the ledger."""
-    root = ext4[False]
+    root = ext4_images[False]
     assert trash.defers(root)
     for index in range(2):
         run_one(root, index)
@@ -75,19 +51,19 @@ def test_without_a_journal_removed_environments_wait_in_the_trash(ext4: dict[boo
     assert all((p / "workspace").is_dir() for p in kept)  # whole, not deleted
 
 
-def test_with_a_journal_removal_deletes_at_once(ext4: dict[bool, Path]) -> None:
+def test_with_a_journal_removal_deletes_at_once(ext4_images: dict[bool, Path]) -> None:
     """Where deletions do not slow creates (ext4 with a journal) nothing is kept."""
-    root = ext4[True]
+    root = ext4_images[True]
     assert not trash.defers(root)
     run_one(root, 0)
     assert envs(root) == [] and trash.held(root) == 0
     assert not (root / trash.TRASH_DIR).exists()
 
 
-def test_the_trash_is_emptied_past_its_budget(ext4: dict[bool, Path]) -> None:
+def test_the_trash_is_emptied_past_its_budget(ext4_images: dict[bool, Path]) -> None:
     """Once the free space fell by more than the budget's share of what was free when the trash
     started, the next removal empties it: a full disk is never the trash's doing."""
-    root = ext4[False]
+    root = ext4_images[False]
     run_one(root, 0)
     assert trash.held(root) == 1 and not trash.over_budget(root)
     start = json.loads((root / trash.TRASH_DIR / trash.SINCE_FILE).read_text())["bytes"]
@@ -103,9 +79,9 @@ def test_the_trash_is_emptied_past_its_budget(ext4: dict[bool, Path]) -> None:
     filler.unlink()
 
 
-def test_host_clean_empties_the_trash(ext4: dict[bool, Path]) -> None:
+def test_host_clean_empties_the_trash(ext4_images: dict[bool, Path]) -> None:
     """``sandbench host clean`` deletes what the trash holds and says how much."""
-    root = ext4[False]
+    root = ext4_images[False]
     run_one(root, 0)
     proc = subprocess.run(
         [sys.executable, "-m", "coordinator", "host", "clean", "--work-root", str(root)],
