@@ -37,6 +37,7 @@ from coordinator.plan.file import Plan
 from coordinator.results.walltime import WallSplit
 from coordinator.store.store import Store
 from coordinator.store.trust import HostRegistry
+from worker.ahead import Ahead
 from worker.gate import HostState, RecordedFailures, run_planned, verdict_facts
 from worker.modes import HostInfo, Preflight
 
@@ -145,20 +146,34 @@ class LocalExecutor:
         self.specs = campaign.host_specs(key.name)
         self.records = store.records(campaign_id, key.name)
         self.failures = RecordedFailures(self.records)
+        self.ahead = Ahead(self.host, self.failures, self.stop)  # the next one, prepared early
 
     def _keep_verdict(self, spec: EnvironmentSpec, verdict: Preflight) -> None:
         """Add a mode's new preflight verdict to this host's provenance."""
         self.provenance["modes"][spec.mode] = verdict_facts(verdict)
         self.store.write_provenance(self.campaign_id, self.host.name, self.provenance)
 
-    def execute(self, spec: EnvironmentSpec) -> EnvironmentRecord | None:
+    def execute(
+        self, spec: EnvironmentSpec, following: EnvironmentSpec | None = None
+    ) -> EnvironmentRecord | None:
         """The signed record of one environment, from the gate (None if stopped mid-way).
 
         The spec goes to the gate signed by this machine's coordinator key, as the fleet's do;
-        the embedded run trusts its own plan, so command modes need no allowlist here.
+        the embedded run trusts its own plan, so command modes need no allowlist here. Its
+        preparation may have been done ahead; ``following``, the environment after it, is
+        prepared once its launcher has exited (``worker.ahead``).
         """
         signed = sign_spec(spec, self.store.signer)
-        return run_planned(signed, self.host, self.failures, stop=self.stop)
+        after_drive = None
+        if following is not None:
+
+            def after_drive() -> None:
+                self.ahead.start(sign_spec(following, self.store.signer))
+
+        return run_planned(
+            signed, self.host, self.failures, stop=self.stop,
+            prepared=self.ahead.take(signed), after_drive=after_drive,
+        )  # fmt: skip
 
     def keep(self, record: EnvironmentRecord) -> None:
         """Store a signed record."""
@@ -186,20 +201,23 @@ class LocalExecutor:
             task = progress.add_task(
                 "starting", total=len(self.specs), completed=result.recorded_before
             )
-            for spec in todo:
-                if self.stop.is_set():
-                    break
-                progress.update(
-                    task, description=f"{spec.mode} / {spec.workload} #{spec.env_index}"
-                )
-                record = self.execute(spec)
-                if record is None:
-                    break  # stopped mid-environment: no record, a resume runs it again
-                self.keep(record)
-                result.wall.add(record)
-                result.recorded_now += 1
-                result.counts[record.outcome] = result.counts.get(record.outcome, 0) + 1
-                progress.advance(task)
+            try:
+                for spec, following in zip(todo, [*todo[1:], None], strict=True):
+                    if self.stop.is_set():
+                        break
+                    progress.update(
+                        task, description=f"{spec.mode} / {spec.workload} #{spec.env_index}"
+                    )
+                    record = self.execute(spec, following)
+                    if record is None:
+                        break  # stopped mid-environment: no record, a resume runs it again
+                    self.keep(record)
+                    result.wall.add(record)
+                    result.recorded_now += 1
+                    result.counts[record.outcome] = result.counts.get(record.outcome, 0) + 1
+                    progress.advance(task)
+            finally:  # one prepared ahead and not run (a stop): removed, unmeasured
+                self.ahead.close()
             progress.update(task, description="stopped" if self.stop.is_set() else "done")
         result.stopped = not result.complete
         return result

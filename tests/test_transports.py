@@ -42,9 +42,10 @@ memory = "1GiB"
 """
 # Measured on each run, or signed per record: never equal between two runs of the same spec.
 MEASURED = ("started_at", "ready_ms", "cpu_s", "payload_cpu_s", "peak_memory_bytes", "wall_s",
-            "phases", "steps", "signature")  # fmt: skip
-# the fleet's own timing and redelivery counts; each store's link (its own chain and key)
-PER_TRANSPORT = ("fleet", "chain")
+            "phases", "steps", "spans", "signature")  # fmt: skip
+# the fleet's own timing and redelivery counts; each store's link (its own chain and key); the
+# preparation the embedded run does ahead (a fleet worker knows no next environment)
+PER_TRANSPORT = ("fleet", "chain", "overlapped_s")
 
 
 def comparable(record: dict[str, Any]) -> dict[str, Any]:

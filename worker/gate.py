@@ -43,7 +43,7 @@ from contract.spec_signing import check_spec
 from worker.config import Allowlist
 from worker.modes import HostInfo, Preflight, get_mode
 from worker.modes.command import is_command_mode
-from worker.runner import run_environment
+from worker.runner import Prepared, run_environment
 from workloads.registry import Models
 
 log = logging.getLogger(__name__)
@@ -177,16 +177,25 @@ def run_planned(
     *,
     stop: threading.Event | None = None,
     annotate: Annotate | None = None,
+    prepared: Prepared | None = None,
+    after_drive: Callable[[], None] | None = None,
 ) -> EnvironmentRecord | None:
     """The signed record of one planned environment of this host; None if stopped mid-way.
 
     ``annotate`` adds the transport's own fields (signed with the record); a stopped
-    environment has no record, so a resume or a redelivery runs it again fresh.
+    environment has no record, so a resume or a redelivery runs it again fresh. ``prepared``
+    is its preparation done ahead (``worker.ahead``; discarded if it is not run after all),
+    ``after_drive`` the runner's hook for the next one.
     """
-    admit(spec, host)
-    spec = spec.model_copy(update={"work_root": str(host.work_root)})
+    try:
+        admit(spec, host)
+    except SpecRefused:
+        if prepared is not None:
+            prepared.discard()
+        raise
+    spec = for_this_host(spec, host)
     started = time.time()
-    record = _decide(spec, host, failures, stop)
+    record = _decide(spec, host, failures, stop, prepared, after_drive)
     if record is None or (stop is not None and stop.is_set() and record.outcome == "failed"):
         return None
     if record.outcome == "failed" and spec.kind == "environment":  # a sentinel is in no cell
@@ -207,24 +216,40 @@ def admit(spec: EnvironmentSpec, host: HostState) -> None:
     check_spec(spec, host.coordinator, host.coordinator_from)
 
 
+def for_this_host(spec: EnvironmentSpec, host: HostState) -> EnvironmentSpec:
+    """``spec`` as this host runs it: in its own work root."""
+    return spec.model_copy(update={"work_root": str(host.work_root)})
+
+
 def not_run(spec: EnvironmentSpec, reason: str, detail: str | None = None) -> EnvironmentRecord:
     """The unsigned ``not-run`` record of a planned environment."""
     return EnvironmentRecord.from_spec(spec, outcome="not-run", reason=reason, detail=detail)
 
 
 def _decide(
-    spec: EnvironmentSpec, host: HostState, failures: CellFailures, stop: threading.Event | None
+    spec: EnvironmentSpec,
+    host: HostState,
+    failures: CellFailures,
+    stop: threading.Event | None,
+    prepared: Prepared | None = None,
+    after_drive: Callable[[], None] | None = None,
 ) -> EnvironmentRecord | None:
     """Preflight, then the rule, then the runner: the unsigned record (None if stopped)."""
     verdict = host.preflight(spec)
+    skip: EnvironmentRecord | None = None
     if not verdict.ok:
-        return not_run(spec, not_run_reason(NotRun.PREFLIGHT, verdict.reason or ""))
-    if spec.kind == "environment" and failures.failed_before(spec):
-        return not_run(spec, not_run_reason(NotRun.RULE), RULE_DETAIL)
+        skip = not_run(spec, not_run_reason(NotRun.PREFLIGHT, verdict.reason or ""))
+    elif spec.kind == "environment" and failures.failed_before(spec):
+        skip = not_run(spec, not_run_reason(NotRun.RULE), RULE_DETAIL)
+    if skip is not None:
+        if prepared is not None:  # prepared ahead before the failure that skips it was known
+            prepared.discard()
+        return skip
     try:
         return run_environment(
-            spec, host=host.info(), stop=stop, preflight=verdict, models=host.models
-        )
+            spec, host=host.info(), stop=stop, preflight=verdict, models=host.models,
+            prepared=prepared, after_drive=after_drive,
+        )  # fmt: skip
     except Exception as exc:  # a harness error is data, never a lost environment
         log.exception("environment %s: harness error", spec.key())
         detail = f"harness error on {host.name}: {type(exc).__name__}: {exc}"

@@ -1,9 +1,18 @@
 """One environment, exactly as the measurement protocol defines it, turned into a record.
 
-prepare (not timed; it ends with a syncfs, so round 1 never flushes the workspace's copy) ->
-marker -> Ready -> R rounds -> exit -> oracle -> cleanup. The runner owns the marker, the
-cgroup, the channel, the clocks, the limit, the kill and the classification; the mode only
-prepares, launches, syncs, names its result root and cleans up.
+prepare (not timed) -> syncfs (so round 1 never flushes the workspace's copy) -> marker ->
+Ready -> R rounds -> exit -> oracle -> cleanup. The runner owns the marker, the cgroup, the
+channel, the clocks, the limit, the kill and the classification; the mode only prepares,
+launches, syncs, names its result root and cleans up.
+
+The preparation can run apart from the rest (``prepare_environment``, then
+``Prepared.finish``): an executor that knows the next environment prepares it on a thread while
+the previous one's oracle and cleanup run (``worker.ahead``). What keeps that out of every
+measurement is here: ``after_drive`` is called only once the launcher has exited and its
+leftovers are killed, and ``finish`` starts with the syncfs, so each environment's marker comes
+after everything before it has finished and is written back. Each phase's monotonic span is in
+the record (``spans``), so a test can check that no preparation, oracle or cleanup ever lay
+inside another environment's drive.
 
 A benchmark failure is a record, never an exception: ``run_environment`` raises only for bad
 input (unknown mode or workload) or a host that cannot run environments at all (no cgroups).
@@ -85,11 +94,37 @@ def run_environment(
     stop: threading.Event | None = None,
     preflight: Preflight | None = None,
     models: Models | None = None,
+    prepared: Prepared | None = None,
+    after_drive: Callable[[], None] | None = None,
 ) -> EnvironmentRecord | None:
     """Run one environment of ``spec`` and return its unsigned record (None if stopped).
 
     ``preflight`` is the mode's verdict the caller already has (else it is asked here);
-    ``models`` the oracle models the caller keeps across environments (else none is reused).
+    ``models`` the oracle models the caller keeps across environments (else none is reused);
+    ``prepared`` its preparation done ahead (``prepare_environment``), else it is done now;
+    ``after_drive`` is called once its launcher has exited (see ``Prepared.finish``).
+    """
+    if prepared is None:
+        prepared = prepare_environment(
+            spec, host=host, stop=stop, preflight=preflight, models=models
+        )
+    return prepared.finish(after_drive)
+
+
+def prepare_environment(
+    spec: EnvironmentSpec,
+    *,
+    host: HostInfo | None = None,
+    stop: threading.Event | None = None,
+    preflight: Preflight | None = None,
+    models: Models | None = None,
+) -> Prepared:
+    """Prepare one environment of ``spec`` up to its marker, but for the final syncfs.
+
+    Raises only for bad input (an unknown mode or workload, more rounds than its fixtures
+    prepare), before anything exists; what the preparation itself meets is kept for
+    ``Prepared.finish`` (a failure becomes the record, anything else is raised there, after
+    cleanup), so it can run on a thread.
     """
     from workloads.registry import Models, get_workload
 
@@ -98,17 +133,71 @@ def run_environment(
     workload.check_rounds(spec.rounds)  # bad input: more rounds than fixtures prepare
     host = host or HostInfo()
     verdict = preflight or preflight_of(mode, host)
-    run = _Run(spec, mode, host, stop, verdict, models or Models(keep=0))
-    started = time.monotonic()
-    try:
-        failure = run.execute(workload)
-    except Stopped:
-        return None
-    finally:
-        with run.timed("cleanup"):
-            run.cleanup()
-        run.seen.wall_s = time.monotonic() - started  # the whole environment's cost
-    return run.record(failure)
+    prepared = Prepared(_Run(spec, mode, host, stop, verdict, models or Models(keep=0)), workload)
+    prepared.prepare()
+    return prepared
+
+
+class Prepared:
+    """One environment prepared up to its marker: ``finish`` runs and records the rest,
+    ``discard`` removes it unmeasured (an environment the first-failure rule then skips)."""
+
+    def __init__(self, run: _Run, workload: Workload) -> None:
+        self.run, self.workload = run, workload
+        self.failure: Failed | None = None  # the preparation's failure: the record's
+        self.error: BaseException | None = None  # anything else it raised (Stopped, a bug)
+        self.started = self.ended = 0.0  # when the preparation started and ended (monotonic)
+        self.spent_s = 0.0  # its wall time
+        # seconds of it that ran while the environment before it was still being checked and
+        # cleaned up (``worker.ahead``): the campaign's wall-time split counts them once
+        self.overlapped_s = 0.0
+
+    @property
+    def key(self) -> str:
+        """The environment's key (``EnvironmentSpec.key``)."""
+        return self.run.spec.key()
+
+    def prepare(self) -> None:
+        """The preparation; nothing it meets is raised here."""
+        self.started = started = time.monotonic()
+        try:
+            self.run.prepare()
+        except Failed as failure:
+            self.failure = failure
+        except BaseException as exc:  # noqa: BLE001 -- raised again by finish, after cleanup
+            self.error = exc
+        finally:
+            self.ended = time.monotonic()
+            self.spent_s = self.ended - started
+
+    def finish(self, after_drive: Callable[[], None] | None = None) -> EnvironmentRecord | None:
+        """Syncfs, marker, drive, oracle, cleanup: the unsigned record (None if stopped).
+
+        ``after_drive`` is called once, when the launcher has exited and what it left is
+        killed (or when the environment failed before that), never when stopped; the next
+        environment's preparation may start then.
+        """
+        run = self.run
+        run.after_drive = after_drive
+        started = time.monotonic()
+        try:
+            if self.error is not None:
+                raise self.error
+            failure = run.measure(self.workload, self.failure)
+        except Stopped:
+            return None
+        finally:
+            run.release_next()
+            with run.timed("cleanup"):
+                run.cleanup()
+            run.seen.overlapped_s = self.overlapped_s
+            run.seen.wall_s = self.spent_s + time.monotonic() - started  # its whole cost
+        return run.record(failure)
+
+    def discard(self) -> None:
+        """Clean up without measuring; no record."""
+        with self.run.timed("cleanup"):
+            self.run.cleanup()
 
 
 def preflight_of(mode: Mode, host: HostInfo) -> Preflight:
@@ -142,6 +231,9 @@ class Observed:
     wall_s: float | None = None
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     steps: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STEPS, 0.0))
+    # each phase's (start, end) on the monotonic clock, which all processes of a boot share
+    spans: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    overlapped_s: float = 0.0  # preparation that ran beside the previous environment's rest
     oom: bool = False  # the cgroup (or the mode's own) saw an OOM kill
     modified: str | None = None  # how a staged mode's original workspace changed
 
@@ -155,6 +247,9 @@ class Observed:
             "oracle": self.oracle, "original_intact": self.original_intact, "wall_s": self.wall_s,
             "phases": {f"{name}_s": round(s, 6) for name, s in self.phases.items()},
             "steps": {f"{name}_s": round(s, 6) for name, s in self.steps.items() if s},
+            "spans": {name: [[round(a, 6), round(b, 6)] for a, b in pairs]
+                      for name, pairs in self.spans.items()},
+            "overlapped_s": round(self.overlapped_s, 6),
         }  # fmt: skip
 
 
@@ -182,19 +277,29 @@ class _Run:
         self.prepared = False
         self.fixture: Path | None = None
         self.problems: list[str] = []  # cleanup trouble, noted in the provenance
+        self.after_drive: Callable[[], None] | None = None
 
     # -- the protocol ---------------------------------------------------------------------
-    def execute(self, workload: Workload) -> Failed | None:
-        """Prepare, launch, drive, check: the first failure (classified), or None if passed."""
+    def prepare(self) -> None:
+        """Everything before the final syncfs (raises Failed, Stopped or bad input)."""
         self.seen.started_at = utc_now()
         self.seen.provenance = self._provenance(self.preflight)
+        self._check_stop()
+        with self.timed("prepare"):
+            self._prepare()
+
+    def measure(self, workload: Workload, prepare_failure: Failed | None) -> Failed | None:
+        """Syncfs, launch, drive, check: the first failure (classified), or None if passed."""
         try:
+            if prepare_failure is not None:
+                raise prepare_failure
             self._check_stop()
-            with self.timed("prepare"):
-                self._prepare()
+            with self.timed("prepare"), self.timed("prepare.sync"):
+                self._sync()
             with self.timed("drive"):
                 self._launch_and_drive()
             self._account()
+            self.release_next()
             if self.seen.oom:  # the quota was exceeded, even if the task recovered
                 raise Failed("oom", "a process of the environment was OOM-killed")
             self._check_cpu()
@@ -202,6 +307,7 @@ class _Run:
                 self._check_result(workload)
         except Failed as failure:
             self._account()
+            self.release_next()
             if failure.reason not in ("oracle-mismatch", "workspace-modified"):
                 self._check_original()
             return self._classify(failure)
@@ -246,12 +352,28 @@ class _Run:
         if self.mode.staged:
             with self.timed("prepare.snapshot"):
                 self.original = snapshot(workspace)
-        try:  # the copies' dirty pages and metadata must not be flushed inside round 1's clock
-            (env_dir / STDERR_FILE).touch()  # nor a file the harness creates after the sync
-            with self.timed("prepare.sync"):
-                syncfs(self.base)
+        try:  # a file the harness would otherwise create after the sync
+            (env_dir / STDERR_FILE).touch()
+        except OSError as exc:
+            raise Failed(os_reason(exc), f"preparing the environment: {exc}") from exc
+
+    def _sync(self) -> None:
+        """Write back everything before the marker: the copies' dirty pages and metadata must
+        not be flushed inside round 1's clock, nor what the environments before it left (a
+        removal, another environment's preparation)."""
+        assert self.base is not None
+        try:
+            syncfs(self.base)
+            if os.stat(self.work_root).st_dev != os.stat(self.base).st_dev:
+                syncfs(self.work_root)
         except OSError as exc:
             raise Failed(os_reason(exc), f"syncing the prepared environment: {exc}") from exc
+
+    def release_next(self) -> None:
+        """Call ``after_drive`` once (never after a stop): the launcher has exited."""
+        hook, self.after_drive = self.after_drive, None
+        if hook is not None and not (self.stop is not None and self.stop.is_set()):
+            hook()
 
     def _launch_and_drive(self) -> None:
         """Marker, spawn, Ready, rounds, exit, all within the limit from the marker."""
@@ -506,7 +628,10 @@ class _Run:
         try:
             yield
         finally:
-            times[part] += time.monotonic() - start
+            end = time.monotonic()
+            times[part] += end - start
+            if times is self.seen.phases:
+                self.seen.spans.setdefault(part, []).append((start, end))
 
     def _provenance(self, preflight: Preflight) -> dict[str, Any]:
         """Per-environment facts: the mode's preflight, the cgroup version, the payload."""

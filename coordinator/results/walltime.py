@@ -5,7 +5,9 @@ Each record's ``phases`` (from the runner) split its environment's time into pre
 cleanup. The measured part of the drive is Ready plus the round times; the rest of the drive
 (each round's check, the exit) and the oracle are "oracle and checks". Whatever the campaign's
 wall time holds beyond the environments' phases is the harness itself (the gate, signing,
-storing, progress): its share is the figure to keep small (target at most 3%).
+storing, progress): its share is the figure to keep small (target at most 3%). Preparation
+done ahead (``worker.ahead``) ran beside the environment before it: the seconds of it that
+overlapped (a record's ``overlapped_s``) are not counted twice, and the line says how many.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class WallSplit:
     checks: float = 0.0
     cleanup: float = 0.0
     sentinel: float = 0.0  # the calibration environments, whole
+    overlapped: float = 0.0  # preparation hidden beside the environment before it
     # seconds of each step outside the clocks (the record's ``steps``) per mode and workload
     steps: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
@@ -42,12 +45,14 @@ class WallSplit:
         phases = extra.get("phases") or {}
         if not phases:
             return
+        overlapped = float(extra.get("overlapped_s") or 0.0)
+        self.overlapped += overlapped
         if record.kind == "sentinel":
-            self.sentinel += sum(phases.values())
+            self.sentinel += sum(phases.values()) - overlapped
             return
         measured = (record.ready_ms or 0.0) / 1000 + sum(r.task_s for r in record.rounds)
         self.measured += measured
-        self.preparation += phases.get("prepare_s", 0.0)
+        self.preparation += phases.get("prepare_s", 0.0) - overlapped
         self.checks += phases.get("drive_s", 0.0) - measured + phases.get("oracle_s", 0.0)
         self.cleanup += phases.get("cleanup_s", 0.0)
         for step, seconds in (extra.get("steps") or {}).items():
@@ -84,8 +89,13 @@ class WallSplit:
         )
         share = self.rest / wall
         verdict = "within" if share <= HARNESS_TARGET else "ABOVE"
+        hidden = (
+            f"; preparation done ahead, beside the environment before: {self.overlapped:.1f} s"
+            if self.overlapped
+            else ""
+        )
         return (
-            f"wall time {self.wall_s:.1f} s: {parts}; harness {self.rest:.1f} s "
+            f"wall time {self.wall_s:.1f} s: {parts}{hidden}; harness {self.rest:.1f} s "
             f"({100 * share:.1f}%, {verdict} the {100 * HARNESS_TARGET:.0f}% target)"
         )
 
