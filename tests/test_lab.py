@@ -111,7 +111,10 @@ def test_a_campaign_across_the_lab_survives_host_faults_and_leaves_nothing(
     # 1. The whole unit killed mid-environment: systemd starts it again, its start reaps.
     # (The environment's cgroup, read from inside lab-a in that round: in the unit's subtree.)
     restarts = int(unit_property(made, "lab-a", "NRestarts"))
-    kill = "systemctl kill -s KILL sandbench-worker@lab-a"
+    # Frozen first (cgroup v2's freezer; SIGKILL still ends frozen processes): the environment
+    # cannot finish its drive, oracle and cleanup while the kill travels through systemd, which
+    # on a TCG guest can take longer than a small environment's whole remainder.
+    kill = "echo 1 > $d/cgroup.freeze; systemctl kill -s KILL sandbench-worker@lab-a"
     key, memory_max, cpus = mid_environment(made, "lab-a", campaign, kill)[:3]
     assert key.startswith(f"{campaign}_lab-a_") and memory_max == str(2 << 30) and cpus == "0-1"
     # 2. A power cut of lab-b mid-environment; it boots again while the broker is cut.
@@ -175,8 +178,8 @@ def test_a_campaign_across_the_lab_survives_host_faults_and_leaves_nothing(
 
 def mid_environment(made: labmod.Lab, name: str, campaign: str, then: str = "true") -> list[str]:
     """Wait on ``name`` for an environment of ``campaign`` with processes in its cgroup, run
-    ``then`` at once in the same shell; the environment's cgroup, memory.max and cpuset.cpus,
-    then what ``then`` printed (words)."""
+    ``then`` at once in the same shell (``$d``: that cgroup's directory); the environment's
+    cgroup, memory.max and cpuset.cpus, then what ``then`` printed (words)."""
     envs = UNIT_CGROUP.format(name).replace("\\", "\\\\") + "/envs"
     loop = (f"while :; do for d in {envs}/{campaign}_*; do "
             "if grep -qx 'populated 1' $d/cgroup.events 2>/dev/null && [ -f $d/memory.max ]; "
