@@ -104,3 +104,5 @@ def test_campaign_wall_prints_its_figures() -> None:
         line = figures + rf"target >= {target}%: (met|MISSED)$"
         assert re.search(line, done.stdout, flags=re.MULTILINE), done.stdout
     assert done.stdout.count("largest unmeasured costs: ") == 2, done.stdout
+    ahead = re.findall(r"preparation done ahead \(.*\) ([\d.]+) s$", done.stdout, re.MULTILINE)
+    assert len(ahead) == 2 and all(float(s) > 0 for s in ahead), done.stdout

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,8 @@ import pytest
 
 from contract.records import REASONS, EnvironmentRecord, EnvironmentSpec, Quota
 from worker.runner import PHASES, STEPS, run_environment
-from workloads.registry import Models
+from workloads.fixtures import ensure_fixture
+from workloads.registry import Models, get_workload
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +165,24 @@ def test_a_model_is_computed_once_and_still_checks_every_environment(root: Path)
     wrong = run_environment(spec.model_copy(update={"env_index": 2}), models=models)
     assert wrong is not None and wrong.reason == "oracle-mismatch", wrong
     assert f"size: {rel}" in (wrong.detail or "")
+
+
+def test_a_model_asked_by_two_threads_at_once_is_computed_once(root: Path) -> None:
+    """An environment prepared ahead computes its model while the oracle of the one before may
+    ask for the same: the second waits for the first's, nothing is computed twice."""
+    real = get_workload("publish")
+    calls: list[float] = []
+
+    class Counting:  # the real workload's model, counted and made slow enough to collide
+        name = real.name
+
+        def model(self, *args: Any, **kwargs: Any) -> Any:
+            calls.append(time.monotonic())
+            time.sleep(0.5)
+            return real.model(*args, **kwargs)
+
+    fixture = ensure_fixture("publish", 1, 0.02, root / "fixtures")
+    models = Models()
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda _: models.model(Counting(), 1, 0.02, 3, fixture), range(2)))  # type: ignore[arg-type]
+    assert len(calls) == 1 and got[0] is got[1]

@@ -41,6 +41,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,7 +83,7 @@ PHASES = ("prepare", "drive", "oracle", "cleanup")
 # original's check; the mode's cleanup, the removal, its write-back and the cgroup's removal.
 STEPS = (
     "prepare.fixture", "prepare.copy", "prepare.cgroup", "prepare.mode", "prepare.snapshot",
-    "prepare.sync", "drive.checks", "drive.exit", "oracle.model", "oracle.compare",
+    "prepare.model", "prepare.sync", "drive.checks", "drive.exit", "oracle.model", "oracle.compare",
     "oracle.original", "cleanup.mode", "cleanup.remove", "cleanup.sync", "cleanup.cgroup",
 )  # fmt: skip
 
@@ -161,7 +162,7 @@ class Prepared:
         """The preparation; nothing it meets is raised here."""
         self.started = started = time.monotonic()
         try:
-            self.run.prepare()
+            self.run.prepare(self.workload)
         except Failed as failure:
             self.failure = failure
         except BaseException as exc:  # noqa: BLE001 -- raised again by finish, after cleanup
@@ -280,13 +281,22 @@ class _Run:
         self.after_drive: Callable[[], None] | None = None
 
     # -- the protocol ---------------------------------------------------------------------
-    def prepare(self) -> None:
-        """Everything before the final syncfs (raises Failed, Stopped or bad input)."""
+    def prepare(self, workload: Workload) -> None:
+        """Everything before the final syncfs (raises Failed, Stopped or bad input), and the
+        oracle's model computed now if it is not kept yet (so that one prepared ahead has it
+        before the oracle that needs it; it depends only on the fixture and the definition)."""
         self.seen.started_at = utc_now()
         self.seen.provenance = self._provenance(self.preflight)
         self._check_stop()
         with self.timed("prepare"):
             self._prepare()
+            assert self.fixture is not None
+            if not self.models.keep:  # nothing kept: the oracle would compute it again
+                return
+            with self.timed("prepare.model"), contextlib.suppress(Exception):
+                # a model that cannot be computed: the oracle tries again and says why
+                self.models.model(workload, self.spec.seed, self.spec.scale, self.spec.rounds,
+                                  self.fixture)  # fmt: skip
 
     def measure(self, workload: Workload, prepare_failure: Failed | None) -> Failed | None:
         """Syncfs, launch, drive, check: the first failure (classified), or None if passed."""
@@ -564,6 +574,10 @@ class _Run:
         assert self.env is not None
         assert self.fixture is not None  # prepared: the workspace was copied from it
         spec = self.spec
+        # staged: the original's check on a thread beside the comparison (both mostly read and
+        # hash); ``oracle.original`` is then only the time waited for it after the comparison
+        pool = ThreadPoolExecutor(1, thread_name_prefix="original")
+        original = pool.submit(self._check_original)
         try:
             from workloads.oracle import compare
 
@@ -575,9 +589,11 @@ class _Run:
                 mismatches = list(compare(self.mode.result_root(self.env), model))
         except Exception as exc:  # noqa: BLE001 -- an oracle that cannot even look is a mismatch, with why
             mismatches = [f"oracle could not compare: {exc}"]
+        finally:
+            with self.timed("oracle.original"):
+                pool.shutdown()
+        original.result()  # what the check raised, as before
         self.seen.oracle = OracleResult(ok=not mismatches, mismatches=mismatches[:100])
-        with self.timed("oracle.original"):
-            self._check_original()
         if mismatches:
             raise Failed("oracle-mismatch", "; ".join(mismatches[:5]))
         if self.seen.original_intact is False:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -80,12 +81,16 @@ class Models:
     from, which never changes once built: the fixture is named by its root's device, inode and
     change time, so a fixture built again gets a new model. The oracle still compares every
     environment's final state, byte by byte, with its model; only the model is not computed
-    again. Kept: the ``keep`` most recently used.
+    again. Kept: the ``keep`` most recently used. Safe across threads (an environment prepared
+    ahead computes its model while the one before it is checked): a model being computed by one
+    thread is waited for by another, never computed twice at once.
     """
 
     def __init__(self, keep: int = MODELS_KEPT) -> None:
         self.keep = keep
         self._kept: OrderedDict[tuple[object, ...], oracle.Model] = OrderedDict()
+        self._lock = threading.Lock()
+        self._computing: dict[tuple[object, ...], threading.Event] = {}
 
     def model(
         self, workload: Workload, seed: int, scale: float, rounds: int, fixture: Path
@@ -94,12 +99,25 @@ class Models:
         st = os.stat(fixture)
         key = (workload.name, seed, scale, rounds, str(fixture), st.st_dev, st.st_ino,
                st.st_ctime_ns)  # fmt: skip
-        if key in self._kept:
-            self._kept.move_to_end(key)
-            return self._kept[key]
-        model = self._kept[key] = workload.model(seed, scale, rounds, fixture=fixture)
-        while len(self._kept) > self.keep:
-            self._kept.popitem(last=False)
+        while True:
+            with self._lock:
+                if key in self._kept:
+                    self._kept.move_to_end(key)
+                    return self._kept[key]
+                busy = self._computing.get(key)
+                if busy is None:
+                    self._computing[key] = threading.Event()
+                    break
+            busy.wait()  # then kept, or its computation failed: try again
+        try:
+            model = workload.model(seed, scale, rounds, fixture=fixture)
+            with self._lock:
+                self._kept[key] = model
+                while len(self._kept) > self.keep:
+                    self._kept.popitem(last=False)
+        finally:
+            with self._lock:
+                self._computing.pop(key).set()
         return model
 
 
