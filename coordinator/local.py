@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from coordinator.store.trust import HostRegistry
 from worker.ahead import Ahead
 from worker.gate import HostState, RecordedFailures, run_planned, verdict_facts
 from worker.modes import HostInfo, Preflight
+from worker.runner import Following
 
 
 @dataclass
@@ -164,16 +166,18 @@ class LocalExecutor:
         prepared once its launcher has exited (``worker.ahead``).
         """
         signed = sign_spec(spec, self.store.signer)
-        after_drive = None
+        hooks = None
         if following is not None:
-
-            def after_drive() -> None:
-                self.ahead.start(sign_spec(following, self.store.signer))
-
+            start = partial(self._start_ahead, following)
+            hooks = Following(start=start, wait=self.ahead.wait)
         return run_planned(
             signed, self.host, self.failures, stop=self.stop,
-            prepared=self.ahead.take(signed), after_drive=after_drive,
+            prepared=self.ahead.take(signed), following=hooks,
         )  # fmt: skip
+
+    def _start_ahead(self, spec: EnvironmentSpec) -> None:
+        """Start preparing ``spec`` (the runner's hook once the current launcher has exited)."""
+        self.ahead.start(sign_spec(spec, self.store.signer))
 
     def keep(self, record: EnvironmentRecord) -> None:
         """Store a signed record."""
@@ -201,8 +205,9 @@ class LocalExecutor:
             task = progress.add_task(
                 "starting", total=len(self.specs), completed=result.recorded_before
             )
+            followers: list[EnvironmentSpec | None] = [*todo[1:], None] if todo else []
             try:
-                for spec, following in zip(todo, [*todo[1:], None], strict=True):
+                for spec, following in zip(todo, followers, strict=True):  # each with the next
                     if self.stop.is_set():
                         break
                     progress.update(

@@ -4,7 +4,7 @@ Most of a campaign's unmeasured time is preparation (the workspace's copy, the c
 container or guest, the staged snapshot), and it does not depend on the environment before it.
 An executor that knows which environment comes next (the embedded run does; a fleet worker
 takes one message at a time and prepares nothing ahead) starts that preparation on a thread as
-soon as the current environment's launcher has exited (the runner's ``after_drive``), so it
+soon as the current environment's launcher has exited (the runner's ``Following``), so it
 overlaps only unmeasured work: the current environment's oracle, cleanup, signing and storing.
 Nothing of it can reach a measurement: it starts after the drive, and the next environment's
 ``finish`` joins it (``take``) and writes the whole work root back (syncfs) before its marker.
@@ -77,6 +77,11 @@ class Ahead:
         pending.thread = threading.Thread(target=prepare, name=f"ahead {spec.key()}", daemon=True)
         self._pending = pending
         pending.thread.start()
+
+    def wait(self) -> None:
+        """Until the preparation under way, if any, has ended (it stays pending)."""
+        if (pending := self._pending) is not None:
+            pending.done.wait()
 
     def take(self, spec: EnvironmentSpec) -> Prepared | None:
         """``spec``'s environment if it was prepared ahead (waiting for its preparation to end),

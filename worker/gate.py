@@ -43,7 +43,7 @@ from contract.spec_signing import check_spec
 from worker.config import Allowlist
 from worker.modes import HostInfo, Preflight, get_mode
 from worker.modes.command import is_command_mode
-from worker.runner import Prepared, run_environment
+from worker.runner import Following, Prepared, run_environment
 from workloads.registry import Models
 
 log = logging.getLogger(__name__)
@@ -178,14 +178,14 @@ def run_planned(
     stop: threading.Event | None = None,
     annotate: Annotate | None = None,
     prepared: Prepared | None = None,
-    after_drive: Callable[[], None] | None = None,
+    following: Following | None = None,
 ) -> EnvironmentRecord | None:
     """The signed record of one planned environment of this host; None if stopped mid-way.
 
     ``annotate`` adds the transport's own fields (signed with the record); a stopped
     environment has no record, so a resume or a redelivery runs it again fresh. ``prepared``
     is its preparation done ahead (``worker.ahead``; discarded if it is not run after all),
-    ``after_drive`` the runner's hook for the next one.
+    ``following`` the runner's hooks for the next one.
     """
     try:
         admit(spec, host)
@@ -195,7 +195,7 @@ def run_planned(
         raise
     spec = for_this_host(spec, host)
     started = time.time()
-    record = _decide(spec, host, failures, stop, prepared, after_drive)
+    record = _decide(spec, host, failures, stop, prepared, following)
     if record is None or (stop is not None and stop.is_set() and record.outcome == "failed"):
         return None
     if record.outcome == "failed" and spec.kind == "environment":  # a sentinel is in no cell
@@ -232,7 +232,7 @@ def _decide(
     failures: CellFailures,
     stop: threading.Event | None,
     prepared: Prepared | None = None,
-    after_drive: Callable[[], None] | None = None,
+    following: Following | None = None,
 ) -> EnvironmentRecord | None:
     """Preflight, then the rule, then the runner: the unsigned record (None if stopped)."""
     verdict = host.preflight(spec)
@@ -248,7 +248,7 @@ def _decide(
     try:
         return run_environment(
             spec, host=host.info(), stop=stop, preflight=verdict, models=host.models,
-            prepared=prepared, after_drive=after_drive,
+            prepared=prepared, following=following,
         )  # fmt: skip
     except Exception as exc:  # a harness error is data, never a lost environment
         log.exception("environment %s: harness error", spec.key())

@@ -8,11 +8,14 @@ launches, syncs, names its result root and cleans up.
 The preparation can run apart from the rest (``prepare_environment``, then
 ``Prepared.finish``): an executor that knows the next environment prepares it on a thread while
 the previous one's oracle and cleanup run (``worker.ahead``). What keeps that out of every
-measurement is here: ``after_drive`` is called only once the launcher has exited and its
+measurement is here: ``Following.start`` is called only once the launcher has exited and its
 leftovers are killed, and ``finish`` starts with the syncfs, so each environment's marker comes
-after everything before it has finished and is written back. Each phase's monotonic span is in
-the record (``spans``), so a test can check that no preparation, oracle or cleanup ever lay
-inside another environment's drive.
+after everything before it has finished and is written back. An environment's cleanup waits
+for the preparation under way (``Following.wait``) before its own syncfs and its cgroup's
+removal: a copy still dirtying the file system's shared metadata blocks (inode tables, bitmaps)
+would keep pages charged to that cgroup dirty, and it would linger as a dying cgroup. Each
+phase's monotonic span is in the record (``spans``), so a test can check that no preparation,
+oracle or cleanup ever lay inside another environment's drive.
 
 A benchmark failure is a record, never an exception: ``run_environment`` raises only for bad
 input (unknown mode or workload) or a host that cannot run environments at all (no cgroups).
@@ -78,14 +81,24 @@ DIED_WAIT_S = 1.0  # after the channel closes, how long to wait for the exit sta
 PHASES = ("prepare", "drive", "oracle", "cleanup")
 # The steps inside the phases (the record's ``steps``, seconds per ``<phase>.<step>``), so that
 # the biggest unmeasured costs can be named: the fixture built or found, its copy, the cgroup,
-# the mode's own preparation, the staged snapshot, the sync before the marker; the payload's
-# checks between rounds and the exit; the oracle's model and its comparison, the staged
-# original's check; the mode's cleanup, the removal, its write-back and the cgroup's removal.
+# the mode's own preparation, the staged snapshot, the oracle's model, the sync before the
+# marker; the payload's checks between rounds and the exit; the oracle's model (if not kept) and
+# its comparison, the wait for the staged original's check; the mode's cleanup, the removal,
+# the wait for the next environment's preparation, the write-back and the cgroup's removal.
 STEPS = (
     "prepare.fixture", "prepare.copy", "prepare.cgroup", "prepare.mode", "prepare.snapshot",
     "prepare.model", "prepare.sync", "drive.checks", "drive.exit", "oracle.model", "oracle.compare",
-    "oracle.original", "cleanup.mode", "cleanup.remove", "cleanup.sync", "cleanup.cgroup",
+    "oracle.original", "cleanup.mode", "cleanup.remove", "cleanup.wait", "cleanup.sync",
+    "cleanup.cgroup",
 )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Following:
+    """An executor's hooks for the environment after this one (``worker.ahead``)."""
+
+    start: Callable[[], None]  # the launcher has exited: its preparation may start
+    wait: Callable[[], None]  # until that preparation has ended (before the cgroup's removal)
 
 
 def run_environment(
@@ -96,20 +109,20 @@ def run_environment(
     preflight: Preflight | None = None,
     models: Models | None = None,
     prepared: Prepared | None = None,
-    after_drive: Callable[[], None] | None = None,
+    following: Following | None = None,
 ) -> EnvironmentRecord | None:
     """Run one environment of ``spec`` and return its unsigned record (None if stopped).
 
     ``preflight`` is the mode's verdict the caller already has (else it is asked here);
     ``models`` the oracle models the caller keeps across environments (else none is reused);
     ``prepared`` its preparation done ahead (``prepare_environment``), else it is done now;
-    ``after_drive`` is called once its launcher has exited (see ``Prepared.finish``).
+    ``following`` the hooks for the next one (see ``Prepared.finish``).
     """
     if prepared is None:
         prepared = prepare_environment(
             spec, host=host, stop=stop, preflight=preflight, models=models
         )
-    return prepared.finish(after_drive)
+    return prepared.finish(following)
 
 
 def prepare_environment(
@@ -171,15 +184,16 @@ class Prepared:
             self.ended = time.monotonic()
             self.spent_s = self.ended - started
 
-    def finish(self, after_drive: Callable[[], None] | None = None) -> EnvironmentRecord | None:
+    def finish(self, following: Following | None = None) -> EnvironmentRecord | None:
         """Syncfs, marker, drive, oracle, cleanup: the unsigned record (None if stopped).
 
-        ``after_drive`` is called once, when the launcher has exited and what it left is
-        killed (or when the environment failed before that), never when stopped; the next
-        environment's preparation may start then.
+        ``following.start`` is called once, when the launcher has exited and what it left is
+        killed (or when the environment failed before that), never when stopped: the next
+        environment's preparation may start then; ``following.wait`` before the cleanup's
+        syncfs.
         """
         run = self.run
-        run.after_drive = after_drive
+        run.following = following
         started = time.monotonic()
         try:
             if self.error is not None:
@@ -278,7 +292,8 @@ class _Run:
         self.prepared = False
         self.fixture: Path | None = None
         self.problems: list[str] = []  # cleanup trouble, noted in the provenance
-        self.after_drive: Callable[[], None] | None = None
+        self.following: Following | None = None
+        self._started_next = False
 
     # -- the protocol ---------------------------------------------------------------------
     def prepare(self, workload: Workload) -> None:
@@ -379,11 +394,20 @@ class _Run:
         except OSError as exc:
             raise Failed(os_reason(exc), f"syncing the prepared environment: {exc}") from exc
 
+    def _wait_for_next(self) -> None:
+        """Until the next environment's preparation, if started, has ended (module's text)."""
+        if self._started_next and self.following is not None:
+            with self.timed("cleanup.wait"):
+                self.following.wait()
+
     def release_next(self) -> None:
-        """Call ``after_drive`` once (never after a stop): the launcher has exited."""
-        hook, self.after_drive = self.after_drive, None
-        if hook is not None and not (self.stop is not None and self.stop.is_set()):
-            hook()
+        """Start the next environment's preparation, once (never after a stop): the launcher
+        has exited."""
+        if self._started_next or self.following is None:
+            return
+        if not (self.stop is not None and self.stop.is_set()):
+            self._started_next = True
+            self.following.start()
 
     def _launch_and_drive(self) -> None:
         """Marker, spawn, Ready, rounds, exit, all within the limit from the marker."""
@@ -726,6 +750,7 @@ class _Run:
         if self.base is not None:  # first: deleted (or trashed) files' pages can then go
             with self.timed("cleanup.remove"):
                 problems.extend(trash.discard(self.base, self.work_root))
+            self._wait_for_next()
             try:  # the removal written back, so the metadata pages it dirtied can go too
                 with self.timed("cleanup.sync"):
                     syncfs(self.work_root)
