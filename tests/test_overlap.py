@@ -57,6 +57,8 @@ def test_no_preparation_or_cleanup_inside_any_drive(tmp_path: Path) -> None:
     assert len(ran) >= 12  # 2 x 3 x 2 passed, 3 failed, and the sentinel's
     for record in ran:  # each phase's spans hold exactly its seconds (else what follows is void)
         phases = (record.model_extra or {})["phases"]
+        hidden = (record.model_extra or {})["overlapped_s"]
+        assert 0 <= hidden <= phases["prepare_s"], (record.key(), hidden, phases)
         for phase in PHASES:
             total = sum(b - a for a, b in spans(record, phase))
             assert total == pytest.approx(phases[f"{phase}_s"], abs=1e-4), (record.key(), phase)

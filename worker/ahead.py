@@ -98,7 +98,7 @@ class Ahead:
         if prepared.key != spec.key():
             prepared.discard()
             return None
-        prepared.overlapped_s = max(0.0, min(prepared.ended, taken) - prepared.started)
+        prepared.overlapped_s = prepared.prepared_before(taken)
         return prepared
 
     def close(self) -> None:

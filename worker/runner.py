@@ -184,6 +184,11 @@ class Prepared:
             self.ended = time.monotonic()
             self.spent_s = self.ended - started
 
+    def prepared_before(self, moment: float) -> float:
+        """Seconds of the preparation phase (its spans) that ran before ``moment``."""
+        spans = self.run.seen.spans.get("prepare", [])
+        return sum(max(0.0, min(end, moment) - start) for start, end in spans)
+
     def finish(self, following: Following | None = None) -> EnvironmentRecord | None:
         """Syncfs, marker, drive, oracle, cleanup: the unsigned record (None if stopped).
 
