@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from contract.errors import SpecRefused
 from contract.records import EnvironmentSpec
-from worker.gate import CellFailures, HostState, admit, for_this_host
+from worker.gate import CellFailures, HostState, admit, for_this_host, skipped
 from worker.runner import Prepared, prepare_environment
 
 log = logging.getLogger(__name__)
@@ -34,8 +34,6 @@ log = logging.getLogger(__name__)
 class _Pending:
     """One preparation under way on its thread."""
 
-    key: str
-    thread: threading.Thread | None = None
     prepared: Prepared | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -56,12 +54,12 @@ class Ahead:
             admit(spec, self.host)
             spec = for_this_host(spec, self.host)
             verdict = self.host.preflight(spec)
-            if not verdict.ok or (spec.kind == "environment" and self.failures.failed_before(spec)):
+            if skipped(spec, verdict, self.failures) is not None:
                 return
         except (SpecRefused, OSError) as exc:
             log.info("not preparing %s ahead: %s", spec.key(), exc)
             return
-        pending = _Pending(spec.key())
+        pending = _Pending()
 
         def prepare() -> None:
             try:
@@ -74,9 +72,8 @@ class Ahead:
             finally:
                 pending.done.set()
 
-        pending.thread = threading.Thread(target=prepare, name=f"ahead {spec.key()}", daemon=True)
         self._pending = pending
-        pending.thread.start()
+        threading.Thread(target=prepare, name=f"ahead {spec.key()}", daemon=True).start()
 
     def wait(self) -> None:
         """Until the preparation under way, if any, has ended (it stays pending)."""

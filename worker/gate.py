@@ -226,6 +226,17 @@ def not_run(spec: EnvironmentSpec, reason: str, detail: str | None = None) -> En
     return EnvironmentRecord.from_spec(spec, outcome="not-run", reason=reason, detail=detail)
 
 
+def skipped(
+    spec: EnvironmentSpec, verdict: Preflight, failures: CellFailures
+) -> EnvironmentRecord | None:
+    """The ``not-run`` record if the mode's verdict or the first-failure rule skips ``spec``."""
+    if not verdict.ok:
+        return not_run(spec, not_run_reason(NotRun.PREFLIGHT, verdict.reason or ""))
+    if spec.kind == "environment" and failures.failed_before(spec):
+        return not_run(spec, not_run_reason(NotRun.RULE), RULE_DETAIL)
+    return None
+
+
 def _decide(
     spec: EnvironmentSpec,
     host: HostState,
@@ -236,12 +247,7 @@ def _decide(
 ) -> EnvironmentRecord | None:
     """Preflight, then the rule, then the runner: the unsigned record (None if stopped)."""
     verdict = host.preflight(spec)
-    skip: EnvironmentRecord | None = None
-    if not verdict.ok:
-        skip = not_run(spec, not_run_reason(NotRun.PREFLIGHT, verdict.reason or ""))
-    elif spec.kind == "environment" and failures.failed_before(spec):
-        skip = not_run(spec, not_run_reason(NotRun.RULE), RULE_DETAIL)
-    if skip is not None:
+    if (skip := skipped(spec, verdict, failures)) is not None:
         if prepared is not None:  # prepared ahead before the failure that skips it was known
             prepared.discard()
         return skip

@@ -160,8 +160,7 @@ class Prepared:
         self.run, self.workload = run, workload
         self.failure: Failed | None = None  # the preparation's failure: the record's
         self.error: BaseException | None = None  # anything else it raised (Stopped, a bug)
-        self.started = self.ended = 0.0  # when the preparation started and ended (monotonic)
-        self.spent_s = 0.0  # its wall time
+        self.spent_s = 0.0  # the preparation's wall time
         # seconds of it that ran while the environment before it was still being checked and
         # cleaned up (``worker.ahead``): the campaign's wall-time split counts them once
         self.overlapped_s = 0.0
@@ -173,7 +172,7 @@ class Prepared:
 
     def prepare(self) -> None:
         """The preparation; nothing it meets is raised here."""
-        self.started = started = time.monotonic()
+        started = time.monotonic()
         try:
             self.run.prepare(self.workload)
         except Failed as failure:
@@ -181,8 +180,7 @@ class Prepared:
         except BaseException as exc:  # noqa: BLE001 -- raised again by finish, after cleanup
             self.error = exc
         finally:
-            self.ended = time.monotonic()
-            self.spent_s = self.ended - started
+            self.spent_s = time.monotonic() - started
 
     def prepared_before(self, moment: float) -> float:
         """Seconds of the preparation phase (its spans) that ran before ``moment``."""
