@@ -53,6 +53,7 @@ from contract.errors import SandbenchError
 from contract.records import REASONS, EnvironmentRecord, EnvironmentSpec, OracleResult, RoundRecord
 from contract.stamps import utc_now
 from worker import cgroups, containment, ledger, trash
+from worker.bytecode import ensure_bytecode
 from worker.channel import (
     Channel,
     ChannelClosed,
@@ -63,7 +64,7 @@ from worker.channel import (
 )
 from worker.failure import LAUNCH_FAILURE_CODES, Failed, Stopped, os_reason, real_cause
 from worker.modes import EnvContext, HostInfo, Mode, Preflight, get_mode
-from worker.modes.base import STDERR_FILE
+from worker.modes.base import PAYLOAD_PATH, STDERR_FILE
 from worker.procs import close_pipes, kill_process, spawn_marked
 from worker.snapshot import snapshot, snapshot_diff
 from worker.workroot import syncfs
@@ -80,16 +81,17 @@ DIED_WAIT_S = 1.0  # after the channel closes, how long to wait for the exit sta
 # the oracle, cleanup. The campaign's split of its wall time adds these up.
 PHASES = ("prepare", "drive", "oracle", "cleanup")
 # The steps inside the phases (the record's ``steps``, seconds per ``<phase>.<step>``), so that
-# the biggest unmeasured costs can be named: the fixture built or found, its copy, the cgroup,
+# the biggest unmeasured costs can be named: the payload's bytecode (compiled once per process,
+# ``worker.bytecode``), the fixture built or found, its copy, the cgroup,
 # the mode's own preparation, the staged snapshot, the oracle's model, the sync before the
 # marker; the payload's checks between rounds and the exit; the oracle's model (if not kept) and
 # its comparison, the wait for the staged original's check; the mode's cleanup, the removal,
 # the wait for the next environment's preparation, the write-back and the cgroup's removal.
 STEPS = (
-    "prepare.fixture", "prepare.copy", "prepare.cgroup", "prepare.mode", "prepare.snapshot",
-    "prepare.model", "prepare.sync", "drive.checks", "drive.exit", "oracle.model", "oracle.compare",
-    "oracle.original", "cleanup.mode", "cleanup.remove", "cleanup.wait", "cleanup.sync",
-    "cleanup.cgroup",
+    "prepare.bytecode", "prepare.fixture", "prepare.copy", "prepare.cgroup", "prepare.mode",
+    "prepare.snapshot", "prepare.model", "prepare.sync", "drive.checks", "drive.exit",
+    "oracle.model", "oracle.compare", "oracle.original", "cleanup.mode", "cleanup.remove",
+    "cleanup.wait", "cleanup.sync", "cleanup.cgroup",
 )  # fmt: skip
 
 
@@ -354,6 +356,9 @@ class _Run:
             ledger.own(self.work_root, name, spec.key(), cgroup.path, cgroup.version)
             env_dir.mkdir(parents=True)
             fixtures = self.work_root / "fixtures"
+            with self.timed("prepare.bytecode"):
+                bytecode = ensure_bytecode(PAYLOAD_PATH.parent, PAYLOAD_PYTHON)
+            self.seen.provenance["payload_bytecode"] = bytecode
             with self.timed("prepare.fixture"):
                 fixture = ensure_fixture(spec.workload, spec.seed, spec.scale, fixtures)
             with self.timed("prepare.copy"):

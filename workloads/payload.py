@@ -3,9 +3,11 @@
 ``python3 -I -S <dir>/workloads/payload.py --workload W --seed N --scale S --root DIR``, with
 the ``workloads`` directory beside it (every mode binds the whole directory, read-only).
 Ready is timed to the ready line, so only the interpreter's own start precedes it: the body
-(``workloads.protocol`` and the workload modules) is compiled after it, outside every clock,
-and writes no bytecode (the directory may be read-only; a ``__pycache__`` must never appear
-in a workspace). The host never imports this file.
+(``workloads.protocol`` and its workload's modules) is imported after it, outside every clock,
+from the checked-hash bytecode the harness compiled into this directory beforehand
+(``worker/bytecode.py``; from source where there is none or it no longer matches), and writes
+no bytecode (the directory may be read-only; a ``__pycache__`` must never appear in a
+workspace). The host never imports this file.
 """
 
 import sys
