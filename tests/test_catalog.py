@@ -7,7 +7,6 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,8 +17,7 @@ from workloads import catalog, kit
 from workloads.registry import WORKLOADS
 
 PACKAGES = ("coordinator", "contract", "worker", "workloads")
-CATALOG_IMPORT = "from workloads import reads, workflow, working_set, writes"
-CATALOG_MODULES = "MODULES = (writes, reads, working_set, workflow)"
+FAMILIES = 'FAMILIES = ("writes", "reads", "working_set", "workflow")'
 
 
 def test_every_declaration_says_what_its_clock_covers() -> None:
@@ -47,7 +45,8 @@ def test_declarations_are_consistent() -> None:
 )
 def test_catalog_refuses_a_bad_declaration(change: dict[str, object], message: str) -> None:
     """A 20th declaration with a gap, a repeat, a taken name or an unknown section is refused."""
-    extra = replace(catalog.DECLARED["publish"], **{"name": "extra", **change})  # type: ignore[arg-type]
+    fields = {**catalog.DECLARED["publish"].fields(), "name": "extra", **change}
+    extra = kit.Declaration(**fields)  # type: ignore[arg-type]
     modules = (*catalog.MODULES, SimpleNamespace(DECLARED=(extra,)))
     with pytest.raises(kit.PayloadError, match=message):
         catalog.collect(modules)
@@ -67,14 +66,10 @@ def add_readme_workload(copy: Path) -> None:
     filename, code = readme_example()
     (copy / "workloads" / filename).write_text(code)
     module = filename.removesuffix(".py")
-    path = copy / "workloads" / "catalog.py"
+    path = copy / "workloads" / "kit.py"
     text = path.read_text()
-    assert CATALOG_IMPORT in text and CATALOG_MODULES in text
-    text = text.replace(
-        CATALOG_IMPORT, f"from workloads import {module}, reads, workflow, working_set, writes"
-    )
-    text = text.replace(CATALOG_MODULES, f"{CATALOG_MODULES[:-1]}, {module})")
-    path.write_text(text)
+    assert FAMILIES in text
+    path.write_text(text.replace(FAMILIES, f'{FAMILIES[:-1]}, "{module}")'))
 
 
 def test_a_twentieth_workload_takes_two_code_changes(tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from workloads import catalog
+
 REPO = Path(__file__).resolve().parents[1]
 # Bottom to top: a package may import only packages at or below its own layer.
 LAYERS = ("contract", "workloads", "worker", "coordinator", "testbed")  # testbed: ops/lab.sh
@@ -199,17 +201,50 @@ def test_the_walk_sees_upward_imports_and_cycles(
 
 def test_the_payload_needs_only_workloads(tmp_path: Path) -> None:
     """The payload runs inside environments (containers, guests) where only ``workloads/`` is
-    present: its modules import the standard library and ``workloads`` alone."""
+    present: its modules import the standard library and ``workloads`` alone, and it finds
+    every workload and calibration the catalog declares."""
     shutil.copytree(REPO / "workloads", tmp_path / "workloads",
                     ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    names = [*catalog.DECLARED, *catalog.CALIBRATION]
     probe = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import workloads.protocol; "
+        "import sys; sys.path.insert(0, sys.argv[1]); import workloads.protocol as p; "
+        "print(' '.join(p.find_declared(n).name for n in sys.argv[2:])); "
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('workloads', 'contract', 'worker', 'coordinator'))))"
     )
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(tmp_path)],
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(tmp_path), *names],
                           capture_output=True, text=True, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    loaded = done.stdout.split()
-    assert "workloads.catalog" in loaded
+    found, loaded = (line.split() for line in done.stdout.splitlines())
+    assert found == names
+    assert "workloads.catalog" not in loaded  # the families one at a time, not the catalog
     assert all(m.split(".")[0] == "workloads" for m in loaded), loaded
+
+
+# Modules the payload must not import for its workload, after Ready and before its first answer:
+# each costs about 2 ms in gVisor and tens of ms in a TCG guest (``workloads/kit.py``).
+HEAVY = ("dataclasses", "inspect", "ast", "typing", "shutil", "workloads.catalog")
+
+
+@pytest.mark.parametrize(
+    ("workload", "also_not"),
+    [("sentinel-cpu", ("subprocess", "threading", "workloads.reads")),
+     ("seq-write", ("subprocess", "threading", "workloads.reads")),
+     ("read-small", ("subprocess", "threading")),
+     ("ws1024-w1", ("subprocess",)),
+     ("publish", ())],
+)  # fmt: skip
+def test_the_payload_imports_only_what_its_workload_needs(
+    workload: str, also_not: tuple[str, ...]
+) -> None:
+    """``find_declared`` imports the declaring families in order and stops at the workload's;
+    nothing on the payload's path imports ``dataclasses``, ``typing`` or the catalog."""
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import workloads.protocol as p; "
+        "p.find_declared(sys.argv[2]); print(' '.join(sorted(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(REPO), workload],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.split())
+    assert not loaded & {*HEAVY, *also_not}, sorted(loaded & {*HEAVY, *also_not})

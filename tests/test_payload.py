@@ -137,7 +137,7 @@ def test_tools_without_home(name: str, cache: Path, tmp_path: Path) -> None:
 
 def test_import_has_no_side_effects() -> None:
     """Importing the payload's files on the host writes nothing and reads no stdin."""
-    code = "import workloads.payload, workloads.protocol as p; assert p.declared('publish')"
+    code = "import workloads.payload, workloads.protocol as p; assert p.find_declared('publish')"
     r = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,

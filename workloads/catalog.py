@@ -1,21 +1,21 @@
 """Every declared workload, in the design's table order: the one list payload and host share.
 
 Standard library only (it runs inside every mode). A workload module declares its workloads
-in ``DECLARED``; a new workload module is listed once, in ``MODULES``. The sentinel's calibration
-environments (``workloads.calibration``) are declared the same way but kept apart, in
+in ``DECLARED``; a new workload module is listed once, in ``kit.FAMILIES``. The sentinel's
+calibration environments (``workloads.calibration``) are declared the same way but kept apart, in
 ``CALIBRATION``: the payload and the oracle find them by name, nothing lists them as workloads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from importlib import import_module
 from typing import Any
 
-from workloads import reads, workflow, working_set, writes
 from workloads.calibration import DECLARED as CALIBRATION_DECLARED
-from workloads.kit import GROUPS, RESOURCES, SECTIONS, Declaration, PayloadError
+from workloads.kit import FAMILIES, GROUPS, RESOURCES, SECTIONS, Declaration, PayloadError
 
-MODULES = (writes, reads, working_set, workflow)
+MODULES = tuple(import_module(f"workloads.{family}") for family in FAMILIES)
 
 
 def collect(modules: Iterable[Any]) -> dict[str, Declaration]:

@@ -11,9 +11,17 @@ import errno
 import hashlib
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar, cast
+
+# The payload imports this module after Ready, in every mode, before its first answer: it keeps
+# to modules the interpreter has cheaply (no ``dataclasses``, which imports ``inspect`` and
+# ``ast``; no ``typing`` at run time). In gVisor each module imported costs about 2 ms, in a
+# TCG guest tens of ms (``tests/test_imports.py`` holds the payload to its list).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -22,6 +30,10 @@ PAGE = 4 * KiB
 MIN_BYTES = 4 * KiB  # --scale never shrinks a byte size below this
 MAX_ROUNDS = 10  # fixtures prepare state for rounds 1..MAX_ROUNDS (delete-tree's trees)
 GROUPS = ("mechanism", "resource", "workflow")
+# The modules that declare workloads (``DECLARED``), each named once here: the catalog imports
+# them all, the payload only until it finds its own workload (``workloads.protocol``).
+FAMILIES = ("writes", "reads", "working_set", "workflow")
+CALIBRATION = "calibration"  # the sentinel's calibrations, declared the same way
 SECTIONS = ("workflows", "writes", "reads", "resource")  # the report's sections, in its order
 # What a round's time depends on, as the machine-state sentinel measures it (one calibration
 # each): the interpreter's CPU, durable writes, file-system metadata, page-cache reads.
@@ -44,13 +56,18 @@ Prepare = Callable[[int, Params, int], None]  # makes round k's inputs ahead (``
 Shape = Callable[[Params], None]  # fixes parameters that depend on each other after scaling
 
 
-@dataclass(frozen=True)
 class Param:
     """A full-scale parameter and what ``--scale`` does to it (a plain int stays fixed)."""
 
-    value: int
-    kind: str  # "bytes" (whole pages, >= 4 KiB), "count" (>= 1) or "unit" (an I/O size)
-    bound: str | None = None  # never above this parameter (after scaling)
+    __slots__ = ("bound", "kind", "value")
+
+    def __init__(self, value: int, kind: str, bound: str | None = None) -> None:
+        self.value = value
+        self.kind = kind  # "bytes" (whole pages, >= 4 KiB), "count" (>= 1) or "unit" (I/O size)
+        self.bound = bound  # never above this parameter (after scaling)
+
+    def __repr__(self) -> str:
+        return f"Param({self.value!r}, {self.kind!r}, {self.bound!r})"
 
 
 def scaled_bytes(value: int) -> Param:
@@ -68,24 +85,47 @@ def io_unit(value: int, within: str) -> Param:
     return Param(value, "unit", within)
 
 
-@dataclass(frozen=True)
 class Declaration:
     """One workload, declared once: what it is, how it scales and where each part lives."""
 
-    number: int  # its row in the design's table (and the listing order)
-    name: str
-    group: str  # one of GROUPS
-    section: str  # the report section it is shown in, one of SECTIONS
-    summary: str  # one line: what one round does
-    parameters: Mapping[str, int | Param]  # at full scale
-    round: Round  # runs in the environment; its docstring says what the round clock covers
-    build: Builder  # the fixture, built once per host, seed and scale
-    evolve: Evolver  # the oracle's model: the fixture's state after rounds 1..R
-    inputs: Prepare | None = None  # makes what round k consumes ahead, before its clock starts
-    shape: Shape | None = None
-    ignore: tuple[str, ...] = ()  # non-deterministic paths, skipped by the oracle and digests
-    seeded_fixture: bool = True  # False when the fixture holds no seeded content
-    resources: tuple[str, ...] = ("cpu",)  # of RESOURCES: what its time depends on
+    def __init__(
+        self,
+        number: int,
+        name: str,
+        group: str,
+        section: str,
+        summary: str,
+        parameters: Mapping[str, int | Param],
+        round: Round,
+        build: Builder,
+        evolve: Evolver,
+        inputs: Prepare | None = None,
+        shape: Shape | None = None,
+        ignore: tuple[str, ...] = (),
+        seeded_fixture: bool = True,
+        resources: tuple[str, ...] = ("cpu",),
+    ) -> None:
+        self.number = number  # its row in the design's table (and the listing order)
+        self.name = name
+        self.group = group  # one of GROUPS
+        self.section = section  # the report section it is shown in, one of SECTIONS
+        self.summary = summary  # one line: what one round does
+        self.parameters = parameters  # at full scale
+        self.round = round  # runs in the environment; its docstring says what its clock covers
+        self.build = build  # the fixture, built once per host, seed and scale
+        self.evolve = evolve  # the oracle's model: the fixture's state after rounds 1..R
+        self.inputs = inputs  # makes what round k consumes ahead, before its clock starts
+        self.shape = shape
+        self.ignore = ignore  # non-deterministic paths, skipped by the oracle and digests
+        self.seeded_fixture = seeded_fixture  # False when the fixture holds no seeded content
+        self.resources = resources  # of RESOURCES: what its time depends on
+
+    def fields(self) -> dict[str, object]:
+        """The declaration's fields by name (what the host's ``Workload`` is built from)."""
+        return dict(vars(self))
+
+    def __repr__(self) -> str:
+        return f"Declaration({self.number!r}, {self.name!r}, ...)"
 
     @property
     def full_params(self) -> Params:
@@ -119,13 +159,12 @@ def _scale(spec: int | Param, scale: float) -> int:
 # What a round consumes but does not do as its work (seeded bytes, a write schedule) is made
 # ahead, when the host asks to check the round before (``check k-1``), outside both clocks.
 _AHEAD: dict[tuple[object, ...], object] = {}
-T = TypeVar("T")
 
 
 def ahead(key: tuple[object, ...], compute: Callable[[], T]) -> T:
     """The value ``prepare`` made for ``key`` ahead of the round (taken once), else compute()."""
     if key in _AHEAD:
-        return cast("T", _AHEAD.pop(key))
+        return _AHEAD.pop(key)  # type: ignore[return-value] # what prepare() made for key
     return compute()
 
 
@@ -294,12 +333,25 @@ def empty_dirs(*dirs: str) -> Builder:
 # ---------------------------------------------------------------- the model's state
 
 
-@dataclass(frozen=True)
 class FileState:
-    """Expected (or observed) state of one regular file or symlink."""
+    """Expected (or observed) state of one regular file or symlink: equal when both are."""
 
-    size: int
-    sha256: str
+    __slots__ = ("sha256", "size")
+
+    def __init__(self, size: int, sha256: str) -> None:
+        self.size = size
+        self.sha256 = sha256
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FileState):
+            return NotImplemented
+        return self.size == other.size and self.sha256 == other.sha256
+
+    def __hash__(self) -> int:
+        return hash((self.size, self.sha256))
+
+    def __repr__(self) -> str:
+        return f"FileState(size={self.size!r}, sha256={self.sha256!r})"
 
 
 def state_of(data: bytes) -> FileState:
@@ -307,13 +359,13 @@ def state_of(data: bytes) -> FileState:
     return FileState(len(data), hashlib.sha256(data).hexdigest())
 
 
-@dataclass
 class ModelState:
     """The state a workload's model evolves from its fixture, round by round."""
 
-    files: dict[str, FileState]
-    dirs: set[str]
-    fixture: Path  # the built fixture, for content the rounds derive from
+    def __init__(self, files: dict[str, FileState], dirs: set[str], fixture: Path) -> None:
+        self.files = files
+        self.dirs = dirs
+        self.fixture = fixture  # the built fixture, for content the rounds derive from
 
     def put(self, rel: str, data: bytes) -> None:
         """Predict file ``rel`` with content ``data`` (its parents must be predicted dirs)."""

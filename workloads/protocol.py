@@ -1,8 +1,10 @@
 """The payload's body: one JSON line protocol on stdin/stdout, the rounds and their checks.
 
 ``workloads/payload.py`` (the launched bootstrap) has already written the ready line when it
-imports this module; everything here, and the workload modules it loads, is compiled after
-Ready and before the answer to ``check 0``, outside every clock. Standard library only.
+imports this module; everything here, and the workload modules it loads, is imported after
+Ready and before the answer to ``check 0``, outside every clock. Standard library only, and
+only what the workload needs: the payload does not import the catalog (every family and what
+each imports) but the families one at a time until one declares its workload.
 """
 
 from __future__ import annotations
@@ -12,10 +14,31 @@ import os
 import resource
 import sys
 from collections.abc import Callable
-from typing import Any
 
-from workloads.catalog import declared
-from workloads.kit import MAX_ROUNDS, Check, PayloadError, forget_prepared
+from workloads.kit import (
+    CALIBRATION,
+    FAMILIES,
+    MAX_ROUNDS,
+    Check,
+    Declaration,
+    PayloadError,
+    forget_prepared,
+)
+
+TYPE_CHECKING = False  # ``typing`` is not imported at run time (``workloads.kit``)
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def find_declared(name: str) -> Declaration:
+    """The declaration of workload (or calibration) ``name``, importing its family and those
+    listed before it only; PayloadError if none declares it."""
+    for family in (CALIBRATION, *FAMILIES):
+        module = __import__(f"workloads.{family}", fromlist=["DECLARED"])
+        for declared in module.DECLARED:
+            if declared.name == name:
+                return declared  # type: ignore[no-any-return] # a family's DECLARED
+    raise PayloadError(f"unknown workload {name!r}")
 
 
 def cpu_seconds() -> float:
@@ -71,7 +94,7 @@ class Session:
         """Answer round and exit requests until exit (0) or an error (1)."""
         try:
             name, seed, scale, root = parse_args(argv)
-            workload = declared(name)
+            workload = find_declared(name)
             p = workload.scaled(scale)
             inputs = workload.inputs or (lambda seed, p, k: None)
             for line in lines:

@@ -6,7 +6,6 @@ import difflib
 import os
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +17,13 @@ GROUP_NAMES = kit.GROUPS
 MODELS_KEPT = 32  # a campaign's distinct (workload, seed, scale, rounds): 19 per plan, as a rule
 
 
-@dataclass(frozen=True)
 class Workload(Declaration):
     """A declared workload as the host uses it: checked parameters, its fixture, its model."""
 
     @classmethod
     def of(cls, declared: Declaration) -> Workload:
         """The host's view of ``declared``."""
-        return cls(**{f.name: getattr(declared, f.name) for f in fields(declared)})
+        return cls(**declared.fields())  # type: ignore[arg-type] # the same fields, by name
 
     def params(self, scale: float) -> Params:
         """The parameters at ``scale``; raises WorkloadError on a bad scale."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -203,6 +202,8 @@ def build_repo(dest: Path, seed: int, p: Params) -> None:
         history,
     )
     tool([*GIT, "read-tree", "--reset", "-u", "HEAD"], repo)
+    import shutil  # the host's alone: the payload never builds a fixture
+
     for extra in ("hooks", "logs"):  # sample scripts and reflogs: not part of the workload
         shutil.rmtree(repo / ".git" / extra, ignore_errors=True)
 
