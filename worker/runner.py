@@ -357,7 +357,7 @@ class _Run:
             env_dir.mkdir(parents=True)
             fixtures = self.work_root / "fixtures"
             with self.timed("prepare.bytecode"):
-                bytecode = ensure_bytecode(PAYLOAD_PATH.parent, PAYLOAD_PYTHON)
+                bytecode = ensure_bytecode(PAYLOAD_PATH.parent)
             self.seen.provenance["payload_bytecode"] = bytecode
             with self.timed("prepare.fixture"):
                 fixture = ensure_fixture(spec.workload, spec.seed, spec.scale, fixtures)
