@@ -221,6 +221,7 @@ def test_over_memory_is_recorded_oom(
     store: Podman, image_layers: set[str], work_root: Path
 ) -> None:
     """An environment whose container outgrows its memory quota is recorded as oom."""
+    from worker.cgroups.base import oom_kill_logged
     from worker.runner import run_environment
 
     # the native runner test's limit: cc1 needs more; the container gets all of it, since the
@@ -228,7 +229,11 @@ def test_over_memory_is_recorded_oom(
     quota = Quota(memory_bytes=12 * MiB)
     record = run_environment(spec_for("incremental-build", work_root, scale=1.0, quota=quota))
     assert record is not None
+    # cc1, a child of the payload, is the one killed: podman's flag (its first process) says
+    # nothing; the kernel's log names the container's memory cgroup below the environment's
     assert (record.outcome, record.failure_class, record.reason) == ("failed", "resource", "oom")
+    cgroup = record.provenance["cgroup"]["path"]
+    assert oom_kill_logged(cgroup) and not oom_kill_logged(cgroup + "-another")
     assert_nothing_left(store, image_layers)
 
 

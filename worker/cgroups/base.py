@@ -205,3 +205,39 @@ def remove_dir(path: Path) -> None:
             if time.monotonic() > deadline:
                 raise QuotaError(f"cannot remove cgroup {path}: {exc.strerror}") from exc
             time.sleep(POLL_S)
+
+
+KMSG = Path("/dev/kmsg")
+KMSG_RECORD_BYTES = 8192  # one read of /dev/kmsg returns one record, at most this long
+
+
+def oom_kill_logged(cgroup_path: str, kmsg: Path = KMSG) -> bool:
+    """Whether the kernel's log records an OOM kill of a task in ``cgroup_path`` or below it.
+
+    A kill in a sandbox's own memory cgroup below the environment's (a container's) is counted
+    on cgroup v1 only there, and that cgroup is gone once the runtime has stopped the container;
+    the kernel's report of the kill still names it (``task_memcg=/sandbench/<env>/...``), and
+    the environment's cgroup name is never reused. False where the log cannot be read.
+    """
+    inside = (f"task_memcg={cgroup_path.rstrip('/')}/", f"task_memcg={cgroup_path.rstrip('/')},")
+    try:
+        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        while True:
+            try:
+                record = os.read(fd, KMSG_RECORD_BYTES)
+            except BlockingIOError:  # the end of the buffer
+                return False
+            except BrokenPipeError:  # records overwritten while reading: read on
+                continue
+            except OSError:
+                return False
+            if not record:
+                return False
+            text = record.decode(errors="replace")
+            if "oom-kill:" in text and any(mark in text for mark in inside):
+                return True
+    finally:
+        os.close(fd)

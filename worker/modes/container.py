@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from contract.records import Quota
 from worker.cgroups import cgroup_mounts, detect
+from worker.cgroups.base import oom_kill_logged
 from worker.cgroups.v1 import CONTROLLERS
 from worker.modes.base import EnvContext, Mode
 from workloads.drive import PAYLOAD_PYTHON
@@ -205,6 +206,9 @@ class ContainerMode(Mode):
 
         The environment's cgroup cannot show it: cgroup v1 counts a kill only in the victim's
         own memory cgroup, the container's, which the runtime removes when the container stops.
+        The engine's flag covers only the container's first process (the payload); a child it
+        started (a compiler) killed by the container's limit is found in the kernel's log,
+        which names the victim's memory cgroup, below the environment's.
         """
         out = self.engine.run("inspect", "--format", "{{.State.OOMKilled}}", container_name(env))
-        return out.strip() == "true"
+        return out.strip() == "true" or oom_kill_logged(env.cgroup_path)
