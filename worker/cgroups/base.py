@@ -211,7 +211,7 @@ KMSG = Path("/dev/kmsg")
 KMSG_RECORD_BYTES = 8192  # one read of /dev/kmsg returns one record, at most this long
 
 
-def oom_kill_logged(cgroup_path: str, kmsg: Path = KMSG) -> bool:
+def oom_kill_logged(cgroup_path: str) -> bool:
     """Whether the kernel's log records an OOM kill of a task in ``cgroup_path`` or below it.
 
     A kill in a sandbox's own memory cgroup below the environment's (a container's) is counted
@@ -221,7 +221,7 @@ def oom_kill_logged(cgroup_path: str, kmsg: Path = KMSG) -> bool:
     """
     inside = (f"task_memcg={cgroup_path.rstrip('/')}/", f"task_memcg={cgroup_path.rstrip('/')},")
     try:
-        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(KMSG, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return False
     try:
