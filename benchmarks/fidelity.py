@@ -230,7 +230,7 @@ def spawn_ms() -> float:
     """Marker to first line of a bare interpreter, spawned and read as the runner does."""
     group = cgroups.create(cgroups.cgroup_name("fidelity-spawn"), QUOTA)
     try:
-        proc, t0 = spawn_marked(
+        proc, t0, _ = spawn_marked(
             SPAWN_ARGV, group, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, bufsize=0,
         )  # fmt: skip

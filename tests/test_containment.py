@@ -98,3 +98,13 @@ def test_the_cpu_share_rule(cgroup_s: float | None, payload_s: float, escaped: b
     problem = containment.cpu_problem(cgroup_s or 0.0, payload_s if cgroup_s is not None else None,
                                       0.9)  # fmt: skip
     assert (problem is not None) == escaped, problem
+
+
+def test_the_cpu_spent_before_joining_is_not_held_against_the_cgroup() -> None:
+    """The v2 guest's native record (TCG): the shim's start before its join (tens of ms there)
+    is in the payload's own count and in no cgroup; without it taken off, a quota that bound
+    read as escaped. Taking it off still leaves a real escape caught."""
+    assert containment.cpu_problem(0.515, 0.588, 0.9) is not None, "the old rule failed it"
+    assert containment.cpu_problem(0.515, 0.588, 0.9, 0.07) is None
+    detail = containment.cpu_problem(0.034, 1.55, 0.9, 0.07)
+    assert detail is not None and "0.070 s of it before joining" in detail

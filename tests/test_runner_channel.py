@@ -126,7 +126,7 @@ def test_spawn_marked_joins_before_the_marker() -> None:
     group = cgroups.create(cgroups.cgroup_name("test-spawn"), None)
     try:
         before = time.monotonic_ns()
-        proc, marker = spawn_marked(["/bin/cat", "/proc/self/cgroup"], group, stdout=PIPE)
+        proc, marker, _ = spawn_marked(["/bin/cat", "/proc/self/cgroup"], group, stdout=PIPE)
         out, _ = proc.communicate(timeout=10)
         assert proc.returncode == 0 and before <= marker <= time.monotonic_ns()
         assert group.path in out.decode()
@@ -142,12 +142,37 @@ def test_the_launcher_is_the_shims_exec_with_nothing_extra(tmp_path: Path) -> No
     group = cgroups.create(cgroups.cgroup_name("test-shim"), None)
     try:
         script = "import os; print(os.getppid(), sorted(os.listdir('/proc/self/fd')))"
-        proc, _ = spawn_marked(["/usr/bin/python3", "-I", "-S", "-c", script], group, stdout=PIPE)
+        proc, _, _ = spawn_marked(["/usr/bin/python3", "-I", "-S", "-c", script], group,
+                                  stdout=PIPE)  # fmt: skip
         out, _ = proc.communicate(timeout=10)
         parent, fds = out.decode().split(" ", 1)
         assert int(parent) == os.getpid() and proc.returncode == 0
         assert fds.strip() == "['0', '1', '2', '3']", "0-2 and listdir's own descriptor"
         with pytest.raises(FileNotFoundError):
             spawn_marked(["no-such-launcher-on-path"], group)
+    finally:
+        group.remove()
+
+
+def test_the_cpu_time_before_the_join_is_the_gap_between_the_two_counts() -> None:
+    """What the launched process used before joining (the shim's start, said by ``times``) is
+    in its own ``getrusage`` and in no cgroup: the cgroup's time plus it is the process's own
+    count, within the clocks' rounding (``times`` prints milliseconds) and its exit. A large
+    environment makes the shim's start long enough to see (tens of ms, as under TCG)."""
+    group = cgroups.create(cgroups.cgroup_name("test-prejoin"), None)
+    env = {"PATH": os.environ["PATH"], **{f"SANDBENCH_PAD_{i}": "x" * 20 for i in range(4000)}}
+    try:
+        burn = ("import resource, time\n"
+                "end = time.process_time() + 0.3\n"
+                "while time.process_time() < end: pass\n"
+                "r = resource.getrusage(resource.RUSAGE_SELF)\n"
+                "print(r.ru_utime + r.ru_stime)")  # fmt: skip
+        spawned = spawn_marked(["/usr/bin/python3", "-I", "-S", "-c", burn], group, stdout=PIPE,
+                               env=env)  # fmt: skip
+        out, _ = spawned.proc.communicate(timeout=30)
+        own, in_group = float(out), group.cpu_seconds()
+        assert spawned.prejoin_cpu_s >= 0.01, (spawned.prejoin_cpu_s, own, in_group)
+        assert own - in_group >= 0.01, "the start before the join is in no cgroup"
+        assert abs(in_group + spawned.prejoin_cpu_s - own) < 0.006, (in_group, own, spawned)
     finally:
         group.remove()

@@ -51,17 +51,29 @@ def placement_problem(cgroup: Cgroup, root_pid: int, when: str) -> str | None:
     )
 
 
-def cpu_problem(cgroup_cpu_s: float, payload_cpu_s: float | None, floor: float) -> str | None:
+def cpu_problem(
+    cgroup_cpu_s: float, payload_cpu_s: float | None, floor: float, prejoin_cpu_s: float = 0.0
+) -> str | None:
     """The quota-escaped detail when the cgroup shows less than ``floor`` of the payload's
-    own CPU time (and at least ``MIN_GAP_S`` less)."""
+    own CPU time (and at least ``MIN_GAP_S`` less).
+
+    ``prejoin_cpu_s`` is what the launched process used before it joined the cgroup (the
+    launch shim's start, ``worker.procs.Spawned``): in the payload's own count when the payload
+    is that process (native), in the cgroup's never, so it is taken off the payload's count. A
+    payload started further down (any sandbox) never counted it, and the check is that much
+    more lenient there: about 1 ms on a host, tens under TCG, below ``MIN_GAP_S``.
+    """
     if payload_cpu_s is None:
         return None
-    if payload_cpu_s - cgroup_cpu_s < MIN_GAP_S or cgroup_cpu_s >= floor * payload_cpu_s:
+    payload_in_s = payload_cpu_s - prejoin_cpu_s
+    if payload_in_s - cgroup_cpu_s < MIN_GAP_S or cgroup_cpu_s >= floor * payload_in_s:
         return None
+    before = f" ({prejoin_cpu_s:.3f} s of it before joining)" if prejoin_cpu_s else ""
     return (
         f"CPU-time check: the environment's cgroup used {cgroup_cpu_s:.3f} s of CPU while the "
-        f"payload reports {payload_cpu_s:.3f} s for itself and its children (at least "
-        f"{floor:.0%} expected): its work ran outside the quota"
+        f"payload reports {payload_cpu_s:.3f} s for itself and its children{before} (at "
+        f"least {floor:.0%} of what it used after joining expected): its work ran outside the "
+        f"quota"
     )
 
 

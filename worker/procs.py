@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import selectors
 import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 
@@ -108,23 +109,35 @@ def run_owned(
 
 
 # The launcher's last step before its exec: a small shell (its exec is cheap, whatever the size
-# of the harness process that forked it) joins the cgroup, says so, waits for the marker, execs.
-# bash, not dash: it can close a descriptor numbered above 9 ({var}>&-), so the launcher
-# inherits neither pipe.
+# of the harness process that forked it) says the CPU time it used before joining (``times``, a
+# builtin: its first line is the shell's own user and system time), joins the cgroup, says so,
+# waits for the marker, execs. bash, not dash: it can close a descriptor numbered above 9
+# ({var}>&-), so the launcher inherits neither pipe.
 SHIM = (
     "joined=$1 go=$2; shift 2; "
+    'times >&"$joined" || exit 125; '
     'while [ "$1" != -- ]; do echo 0 > "$1" || exit 125; shift; done; shift; '
     'printf j >&"$joined" && read -r word <&"$go" && [ "$word" = g ] || exit 125; '
     'exec {joined}>&- {go}<&- && exec "$@"'
 )
 SHELL = "/bin/bash"
 JOIN_WAIT_S = 30.0  # the shim's start and cgroup join (an RCU grace period: tens of ms)
+TIMES = re.compile(r"(\d+)m([\d.]+)s (\d+)m([\d.]+)s")  # bash's ``times``: user system
 
 
-def spawn_marked(
-    argv: Sequence[str], cgroup: Cgroup | None = None, **popen: Any
-) -> tuple[subprocess.Popen[Any], int]:
-    """Spawn ``argv`` in ``cgroup`` and return it with the marker (``time.monotonic_ns()``).
+class Spawned(NamedTuple):
+    """A launcher spawned by ``spawn_marked``."""
+
+    proc: subprocess.Popen[Any]
+    marker_ns: int  # ``time.monotonic_ns()`` right before the launcher was released to exec
+    # The CPU time the launched process (the shim, then the launcher in its place) used before
+    # it joined the cgroup: its start, counted in its own ``getrusage`` but in no cgroup of the
+    # environment (``worker.containment``). About 1 ms on a host, tens under TCG.
+    prejoin_cpu_s: float
+
+
+def spawn_marked(argv: Sequence[str], cgroup: Cgroup | None = None, **popen: Any) -> Spawned:
+    """Spawn ``argv`` in ``cgroup``, with the marker and the CPU time it used before joining.
 
     The child execs a small shell first (``SHIM``), which joins the cgroup, says so and waits;
     the marker is taken right before it is released to exec the launcher. So neither the
@@ -145,14 +158,14 @@ def spawn_marked(
         os.close(joined_w)
         os.close(go_r)
         joined_w = go_r = -1
-        _wait_joined(joined_r, proc)
+        said = _wait_joined(joined_r, proc)
         marker = time.monotonic_ns()
         os.write(go_w, b"g\n")
     finally:
         for fd in (joined_r, joined_w, go_r, go_w):
             if fd >= 0:
                 os.close(fd)
-    return proc, marker
+    return Spawned(proc, marker, _own_cpu_s(said))
 
 
 def _resolve(program: str, env: dict[str, str] | None) -> str:
@@ -164,11 +177,29 @@ def _resolve(program: str, env: dict[str, str] | None) -> str:
     return path
 
 
-def _wait_joined(joined_r: int, proc: subprocess.Popen[Any]) -> None:
-    """Wait for the shim's "joined"; a shim that died or hung is the launcher's failure."""
+def _wait_joined(joined_r: int, proc: subprocess.Popen[Any]) -> str:
+    """What the shim said up to its "joined" (``j``), without the ``j``; a shim that died or
+    hung is the launcher's failure."""
+    said = b""
+    deadline = time.monotonic() + JOIN_WAIT_S
     with selectors.DefaultSelector() as selector:
         selector.register(joined_r, selectors.EVENT_READ)
-        ready = selector.select(JOIN_WAIT_S)
-    if not ready or os.read(joined_r, 1) != b"j":
-        kill_process(proc)
-        raise OSError(f"the launcher's shim did not join the cgroup (status {proc.returncode})")
+        while not said.endswith(b"j"):
+            ready = selector.select(max(0.0, deadline - time.monotonic()))
+            chunk = os.read(joined_r, 256) if ready else b""
+            if not chunk:  # timed out, or the shim closed its end without joining
+                kill_process(proc)
+                raise OSError(
+                    f"the launcher's shim did not join the cgroup (status {proc.returncode})"
+                )
+            said += chunk
+    return said[:-1].decode(errors="replace")
+
+
+def _own_cpu_s(times: str) -> float:
+    """The shell's own user + system seconds from the first line of its ``times``."""
+    found = TIMES.search(times)
+    if found is None:
+        raise OSError(f"the launcher's shim said no CPU time: {times[:200]!r}")
+    user_m, user_s, system_m, system_s = found.groups()
+    return round(60 * (int(user_m) + int(system_m)) + float(user_s) + float(system_s), 6)

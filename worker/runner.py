@@ -245,6 +245,7 @@ class Observed:
     leftover_processes: int | None = None
     cpu_s: float | None = None
     payload_cpu_s: float | None = None  # what the payload reported at its last done line
+    prejoin_cpu_s: float = 0.0  # the launched process's CPU time before it joined the cgroup
     peak_memory_bytes: int | None = None
     oracle: OracleResult | None = None
     original_intact: bool | None = None  # staged modes: the original workspace unchanged
@@ -427,12 +428,13 @@ class _Run:
             raise Failed("launcher-error", f"mode launcher: {exc}") from exc
         with open(self.env.env_dir / STDERR_FILE, "ab") as stderr:  # made (empty) and synced
             try:  # the marker t0: just before the launcher's exec, after the cgroup join
-                self.proc, t0 = spawn_marked(
+                self.proc, t0, self.seen.prejoin_cpu_s = spawn_marked(
                     argv, self.cgroup, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                     stderr=stderr, cwd=self.env.env_dir, bufsize=0,
                 )  # fmt: skip
             except (OSError, subprocess.SubprocessError) as exc:
                 raise Failed("launcher-error", f"cannot start {argv[0]}: {exc}") from exc
+        self.seen.provenance["prejoin_cpu_s"] = self.seen.prejoin_cpu_s
         deadline = self.env.deadline_ns = t0 + int(self.spec.limit_s * 1e9)
         assert self.proc.stdin is not None
         assert self.proc.stdout is not None
@@ -597,8 +599,10 @@ class _Run:
     def _check_cpu(self) -> None:
         """The cgroup saw (nearly) all the CPU time the payload reports for itself."""
         cpu_s, payload = self.seen.cpu_s, self.seen.payload_cpu_s
-        floor = self.mode.reported_cpu_floor
-        if cpu_s is not None and (problem := containment.cpu_problem(cpu_s, payload, floor)):
+        floor, prejoin = self.mode.reported_cpu_floor, self.seen.prejoin_cpu_s
+        if cpu_s is not None and (
+            problem := containment.cpu_problem(cpu_s, payload, floor, prejoin)
+        ):
             raise Failed("quota-escaped", problem)
 
     def _check_result(self, workload: Workload) -> None:
