@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from coordinator.results.analysis import analyze_stored  # noqa: E402
 from coordinator.results.compare import FASTER, SAME, SLOWER, WITHHELD, Cell, compare, load_side  # noqa: E402
-from coordinator.results.trend import cell_trends  # noqa: E402
+from coordinator.results.trend import Trend, cell_trends  # noqa: E402
 from coordinator.store.store import Store  # noqa: E402
 from coordinator.store.trust import HostRegistry  # noqa: E402
 
@@ -121,16 +121,26 @@ def interval(x: Cell) -> str:
     return f"[{x.low:.3f}, {x.high:.3f}]"
 
 
-def trend_lines(lab: Lab, campaign: str, label: str) -> tuple[list[str], int]:
-    """Each cell's drift over the run order (``*``: significant); how many are significant."""
-    lines, flagged = [], 0
-    for t in lab.analysis(campaign).tables:  # type: ignore[attr-defined]
-        found = cell_trends(t.environments)
+def trend_lines(lab: Lab, campaign: str, label: str) -> tuple[list[str], int, int]:
+    """Each cell's drift over the run order (``*``: significant; ``*m``: and the sentinel moved
+    with it); how many are significant, and how many of those moved with the sentinel."""
+    lines, flagged, explained = [], 0, 0
+    analysis = lab.analysis(campaign)
+    for t in analysis.tables:  # type: ignore[attr-defined]
+        mine = analysis.sentinel_of(t.host, t.cohort)  # type: ignore[attr-defined]
+        found = cell_trends(t.environments, None if mine is None else mine.points)
         flagged += sum(x.significant for x in found)
-        shown = ", ".join(f"{x.mode}/{x.workload} {x.change:+.0%}{'*' if x.significant else ''}"
-                          for x in found)  # fmt: skip
+        explained += sum(x.significant and x.explained for x in found)
+        shown = ", ".join(f"{x.mode}/{x.workload} {x.change:+.0%}{_mark(x)}" for x in found)
         lines.append(f"  trend {label}: {shown}")
-    return lines, flagged
+    return lines, flagged, explained
+
+
+def _mark(x: Trend) -> str:
+    """``*`` significant, ``*m`` significant and moved with the sentinel (its change)."""
+    if not x.significant:
+        return ""
+    return f"*m ({x.machine_text()})" if x.explained else "*"
 
 
 def main() -> int:
@@ -146,7 +156,7 @@ def main() -> int:
     lab = Lab(args.data.resolve(), args.work_root, args.data.resolve() / "home")
     aa: list[Cell] = []
     effect: list[Cell] = []
-    trended = 0
+    trended = with_sentinel = 0
     print(f"plan: {', '.join(WORKLOADS)} x {', '.join(MODES)} and a probe per workload, "
           f"N = {args.environments}, {ROUNDS} rounds, scale {SCALE}, sentinel on",
           flush=True)  # fmt: skip
@@ -158,8 +168,9 @@ def main() -> int:
         aa += cells
         print(f"  sentinel B / A: {', '.join(sentinel_lines) or 'none'}")
         for ident, label in ((a, f"{pair}a"), (b, f"{pair}b")):
-            lines, flagged = trend_lines(lab, ident, label)
+            lines, flagged, explained = trend_lines(lab, ident, label)
             trended += flagged
+            with_sentinel += explained
             print("\n".join(lines))
         for x in cells:
             if x.verdict != SAME:
@@ -181,7 +192,10 @@ def main() -> int:
     print(f"\nA/A false verdicts: {len(false)} of {len(aa)} cells = {rate:.1%} (target <= "
           f"{FALSE_TARGET:.0%} over >= {MIN_AA_CELLS} cells): {'met' if ok else 'MISSED'}; "
           f"withheld by the sentinel: {len(withheld)}")  # fmt: skip
-    print(f"cells with a significant drift inside a campaign (Holm, 5%): {trended}")
+    print(
+        f"cells with a significant drift inside a campaign (Holm, 5%): {trended}, of which "
+        f"{with_sentinel} moved with the sentinel"
+    )
     if args.effect:
         hit = [x for x in effect if x.verdict == SLOWER]
         detect = len(hit) / len(effect) if effect else 0.0

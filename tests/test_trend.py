@@ -5,6 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from coordinator.plan.sentinel import SentinelTable
+from coordinator.results.analysis import HostTables
+from coordinator.results.report import trend_blocks
 from coordinator.results.trend import MIN_N, cell_trends, holm, spearman_test, theil_sen
 
 
@@ -53,3 +56,62 @@ def test_the_figures_themselves() -> None:
     assert theil_sen(x, y) == 2.0
     rho, p = spearman_test(x, x**2)
     assert rho == 1.0 and p < 0.001
+
+
+def sentinel(calibrations: dict[str, list[float]], every: int) -> pd.DataFrame:
+    """Sentinel points: point p of each calibration at order p * every."""
+    rows = [{"workload": name, "status": "passed", "order_index": p * every, "task_s": t}
+            for name, times in calibrations.items() for p, t in enumerate(times)]  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_a_drift_the_sentinel_shares_is_explained_and_one_it_does_not_is_not() -> None:
+    """Two cells rise +50% over the campaign. With sentinel-meta rising as much, create-small
+    (which uses metadata) moved with the host and seq-write (which does not) did not; with a
+    level sentinel neither is explained. Both stay flagged either way."""
+    rng = np.random.default_rng(2)
+    rising = list(np.linspace(0.040, 0.060, 20) + rng.normal(0, 0.002, 20))
+    env = frame({("native", "create-small"): rising, ("native", "seq-write"): rising})
+    level = [0.010, 0.0101, 0.0099, 0.010, 0.0102]
+    meta_rises = sentinel({"sentinel-cpu": level, "sentinel-fsync": level,
+                           "sentinel-meta": [0.010, 0.0115, 0.0125, 0.014, 0.015]}, 10)  # fmt: skip
+    found = {x.workload: x for x in cell_trends(env, meta_rises)}
+    small, seq = found["create-small"], found["seq-write"]
+    assert small.significant and seq.significant
+    assert small.explained and small.machine is not None and small.machine[0] == "sentinel-meta"
+    assert 0.3 < small.machine[1] < 0.7, small.machine
+    assert not seq.explained and seq.machine is not None and seq.machine[0] != "sentinel-meta"
+    flat = sentinel({"sentinel-cpu": level, "sentinel-fsync": level, "sentinel-meta": level}, 10)
+    assert not any(x.explained for x in cell_trends(env, flat))
+    assert all(x.machine is None and not x.explained for x in cell_trends(env))
+
+
+def test_a_sentinel_moving_the_other_way_or_too_little_explains_nothing() -> None:
+    """The machine getting faster, or slower by a tenth of the cell's change, is not it."""
+    rng = np.random.default_rng(3)
+    env = frame({("native", "create-small"): list(np.linspace(0.040, 0.080, 20)
+                                                  + rng.normal(0, 0.002, 20))})  # fmt: skip
+    for meta in ([0.014, 0.013, 0.012, 0.011, 0.010], [0.0100, 0.0102, 0.0104, 0.0106, 0.0108]):
+        (x,) = cell_trends(env, sentinel({"sentinel-meta": meta}, 10))
+        assert x.significant and not x.explained and x.machine is not None, x
+
+
+def test_the_report_says_which_flagged_cells_moved_with_the_sentinel() -> None:
+    """The report's drift section marks and names them, with the calibration and its change."""
+    rng = np.random.default_rng(2)
+    rising = list(np.linspace(0.040, 0.060, 20) + rng.normal(0, 0.002, 20))
+    env = frame({("native", "create-small"): rising, ("native", "seq-write"): rising})
+    level = [0.010, 0.0101, 0.0099, 0.010, 0.0102]
+    points = sentinel({"sentinel-cpu": level, "sentinel-fsync": level,
+                       "sentinel-meta": [0.010, 0.0115, 0.0125, 0.014, 0.015]}, 10)  # fmt: skip
+    empty = pd.DataFrame()
+    tables = HostTables("h", "c", empty, empty, {}, empty, env)
+    blocks = trend_blocks(tables, None, SentinelTable("h", "c", points, 10.0, 0.1))
+    text = " ".join(str(b[1]) for b in blocks if b[0] == "p")
+    assert "2 of the 2 cells tested drift significantly" in text, text
+    assert "1 moved with the sentinel" in text and "native / create-small: sentinel-meta +" in text
+    assert "1 did not move with it" in text and "native / seq-write: sentinel-" in text
+    (table,) = [b[1] for b in blocks if b[0] == "table"]
+    assert "(sig., machine)" in str(table) and "(sig.)" in str(table)
+    alone = " ".join(str(b[1]) for b in trend_blocks(tables) if b[0] == "p")
+    assert "No sentinel ran in this campaign" in alone

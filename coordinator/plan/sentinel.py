@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,12 +211,19 @@ def resource_of(calibration: str) -> str | None:
     return found.resources[0] if found is not None else None
 
 
-def bearing_on(found: list[SentinelRatio], workload: str) -> list[SentinelRatio]:
-    """The ratios of the calibrations that measure a resource ``workload`` uses
+def calibrations_for(calibrations: Iterable[str], workload: str) -> list[str]:
+    """Of ``calibrations``, those that measure a resource ``workload`` uses
     (``Declaration.resources``); all of them for a workload this version does not know, and when
     none of its resources was measured (a campaign from before those calibrations)."""
+    names = list(calibrations)
     declared = DECLARED.get(workload)
     if declared is None:
-        return found
-    mine = [r for r in found if resource_of(r.workload) in declared.resources]
-    return mine or found
+        return names
+    mine = [name for name in names if resource_of(name) in declared.resources]
+    return mine or names
+
+
+def bearing_on(found: list[SentinelRatio], workload: str) -> list[SentinelRatio]:
+    """The ratios of the calibrations that bear on ``workload`` (``calibrations_for``)."""
+    mine = set(calibrations_for((r.workload for r in found), workload))
+    return [r for r in found if r.workload in mine]

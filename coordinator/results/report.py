@@ -16,7 +16,7 @@ import pandas as pd
 from contract.errors import SandbenchError, StoreError
 from contract.names import check_name
 from coordinator.plan.campaign import format_size
-from coordinator.plan.sentinel import SentinelTable
+from coordinator.plan.sentinel import MASK_FRACTION, SentinelTable
 from coordinator.results import plots
 from coordinator.results.analysis import (
     CELL_COLUMNS,
@@ -25,7 +25,7 @@ from coordinator.results.analysis import (
     analyze_stored,
     flatten_facts,
 )
-from coordinator.results.trend import ALPHA, MIN_N, cell_trends
+from coordinator.results.trend import ALPHA, MIN_N, MIN_POINTS, Trend, cell_trends
 from coordinator.results.units import MISSING, UNIT_RULE, Unit, duration, fmt, unit_for
 from coordinator.results.walltime import cost_rows
 from coordinator.store.store import Campaign, Store
@@ -237,11 +237,14 @@ def sentinel_blocks(s: SentinelTable | None, every: int, stem: Path) -> list[Blo
     return blocks
 
 
-def trend_blocks(t: HostTables, journal: str | None = None) -> list[Block]:
+def trend_blocks(
+    t: HostTables, journal: str | None = None, sentinel: SentinelTable | None = None
+) -> list[Block]:
     """Drift inside the campaign (``coordinator.results.trend``): each cell's change over the run
-    order, workloads x modes, "(sig.)" where it is significant after Holm's correction; with a
-    warning when the work root was ``journal`` = ext4 without a journal (the host's fact)."""
-    found = cell_trends(t.environments)
+    order, workloads x modes, "(sig.)" where it is significant after Holm's correction, and for
+    those whether the host's ``sentinel`` moved with it; with a warning when the work root was
+    ``journal`` = ext4 without a journal (the host's fact)."""
+    found = cell_trends(t.environments, None if sentinel is None else sentinel.points)
     if not found:
         return []
     warning: list[Block] = []
@@ -253,26 +256,63 @@ def trend_blocks(t: HostTables, journal: str | None = None) -> list[Block]:
         "Change of each cell's task time from its first environment to its last in the run "
         f"order (Theil-Sen slope x span / median); (sig.): significant (Spearman permutation test, "
         f"Holm-corrected over the {sum(x.p is not None for x in found)} cells tested, "
-        f"{ALPHA:.0%}); cells with fewer than {MIN_N} passed environments are not tested",
+        f"{ALPHA:.0%}); (sig., machine): and the sentinel moved with it (below); cells with fewer "
+        f"than {MIN_N} passed environments are not tested",
         ["workload", *modes], [])  # fmt: skip
     for w in dict.fromkeys(x.workload for x in found):
         row: list[str | tuple[str, int]] = [w]
         for m in modes:
             x = by_key.get((m, w))
-            row.append("" if x is None else f"{x.change:+.0%}{' (sig.)' if x.significant else ''}")
+            row.append("" if x is None else f"{x.change:+.0%}{_trend_mark(x)}")
         table.rows.append(row)
-    flagged = [f"{x.mode} / {x.workload} ({x.change:+.0%})" for x in found if x.significant]
+    flagged = [x for x in found if x.significant]
     tested = sum(x.p is not None for x in found)
     if flagged:
-        verdict = (f"{len(flagged)} of the {tested} cells tested drift significantly: "
-                   f"{', '.join(flagged)}. Their spread includes the drift; between two campaigns "
-                   "it is part of the ratio.")  # fmt: skip
+        named = ", ".join(f"{x.mode} / {x.workload} ({x.change:+.0%})" for x in flagged)
+        verdict = (f"{len(flagged)} of the {tested} cells tested drift significantly: {named}. "
+                   "Their spread includes the drift; between two campaigns it is part of the "
+                   f"ratio. {_machine_sentence(flagged, sentinel)}")  # fmt: skip
     elif tested:
         verdict = f"No cell of the {tested} tested drifts significantly."
     else:
         verdict = (f"No cell has the {MIN_N} passed environments a trend test needs: the changes "
                    "are shown, untested.")  # fmt: skip
     return [("h3", "Drift inside the campaign"), ("p", verdict), *warning, ("table", table)]
+
+
+def _trend_mark(x: Trend) -> str:
+    """A table cell's mark: significant, and moved with the machine."""
+    if not x.significant:
+        return ""
+    return " (sig., machine)" if x.explained else " (sig.)"
+
+
+def _machine_sentence(flagged: list[Trend], sentinel: SentinelTable | None) -> str:
+    """What the sentinel did over the flagged cells' spans (``Trend.machine``)."""
+    if sentinel is None:
+        return "No sentinel ran in this campaign: whether the machine moved with them is unknown."
+    known = [x for x in flagged if x.machine is not None]
+    if not known:
+        return (f"The sentinel has fewer than {MIN_POINTS} passed points of a calibration "
+                "their workloads use: whether the machine moved with them is unknown.")  # fmt: skip
+    explained = [x for x in known if x.explained]
+    parts = []
+    if explained:
+        shown = "; ".join(f"{x.mode} / {x.workload}: {x.machine_text()}" for x in explained)
+        parts.append(
+            f"{len(explained)} moved with the sentinel: over the same span its calibration of a "
+            "resource their workload uses went the same way by at least "
+            f"{MASK_FRACTION:.0%} of their change (log terms), so the host itself changed (the "
+            "machine's speed; for fsync and metadata also the file system's state, which earlier "
+            f"environments' deletions change too), not the modes ({shown})")  # fmt: skip
+    others = [x for x in flagged if not x.explained]
+    if others:
+        shown = "; ".join(f"{x.mode} / {x.workload}: "
+                          f"{x.machine_text() or 'no calibration of its resources'}"
+                          for x in others)  # fmt: skip
+        parts.append(f"{len(others)} did not move with it, so the sentinel does not explain "
+                     f"them (its largest change over their span: {shown})")  # fmt: skip
+    return ". ".join(parts) + "."
 
 
 # What each mode ran on a host, named next to the mode (the provenance's preflight facts): the
@@ -333,7 +373,7 @@ def host_blocks(
     plot = plots.startup_range(t, plot_dir / f"{slug}-startup")
     blocks += [("plot", plot)] if plot else []
     blocks += sentinel_blocks(*sentinel, plot_dir / f"{slug}-sentinel")
-    blocks += trend_blocks(t, provenance.get("work_root_journal"))
+    blocks += trend_blocks(t, provenance.get("work_root_journal"), sentinel[0])
     blocks += cost_blocks(t)
     blocks += [("h3", "Coverage"), ("table", _coverage_table(t))]
     blocks += [("h3", "Failures and missing observations"), ("table", _failures_table(t))]

@@ -16,19 +16,31 @@ task times against their ``order_index`` (the position in the host's run order):
   drift-free campaigns.
 
 A cell needs ``MIN_N`` passed environments to be tested (fewer: its change alone, no test).
+
+* ``machine``: what the machine-state sentinel (``coordinator.plan.sentinel``) did over the
+  same span: for each calibration of a resource the cell's workload uses (``calibrations_for``),
+  the same change figure from its points (Theil-Sen over its passed points, times the cell's
+  span, over its median); the one farthest from none is kept, and ``explained`` says whether it
+  went the cell's way by at least ``MASK_FRACTION`` of the cell's change in log terms, the rule
+  ``compare`` withholds by (``drift_masks``). A CPU loop does not slow down for a file system's
+  reasons: a cell that drifts with such a calibration drifted with the machine, not with what
+  the harness left behind. It explains a trend; it does not remove it (the flag stays).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
+
+from coordinator.plan.sentinel import calibrations_for, drift_masks
 
 ALPHA = 0.05
 MIN_N = 6
 PERMUTATIONS = 4000
 SEED = 20261202
+MIN_POINTS = 3  # passed sentinel points a calibration needs for its change over a span
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,14 @@ class Trend:
     rho: float  # Spearman's rank correlation of time with order
     p: float | None  # permutation p-value (None: too few environments to test)
     significant: bool = False  # after Holm's correction over the cells tested together
+    # The sentinel's calibration (of a resource the workload uses) that changed most over the
+    # cell's span, with that change (same figure as ``change``); None without a sentinel.
+    machine: tuple[str, float] | None = None
+    explained: bool = False  # ``machine`` went the same way by >= MASK_FRACTION of ``change``
+
+    def machine_text(self) -> str:
+        """``sentinel-cpu +30%``, or empty."""
+        return "" if self.machine is None else f"{self.machine[0]} {self.machine[1]:+.0%}"
 
 
 def theil_sen(x: np.ndarray, y: np.ndarray) -> float:
@@ -83,25 +103,66 @@ def holm(pvalues: list[float], alpha: float = ALPHA) -> list[bool]:
     return rejected
 
 
-def cell_trends(environments: pd.DataFrame) -> list[Trend]:
+def change_over(x: np.ndarray, y: np.ndarray, span: float) -> float:
+    """Theil-Sen slope of ``y`` against ``x``, times ``span``, over ``y``'s median."""
+    median = float(np.median(y)) if len(y) else 0.0
+    return theil_sen(x, y) * span / median if median > 0 and len(x) > 1 else 0.0
+
+
+Slopes = dict[str, tuple[float, float]]  # calibration -> (slope per place in the order, median)
+
+
+def machine_slopes(points: pd.DataFrame | None) -> Slopes:
+    """Each calibration's (Theil-Sen slope per place in the run order, median) from the
+    sentinel's ``points`` (``SentinelTable.points``: workload, status, order_index, task_s);
+    calibrations with fewer than ``MIN_POINTS`` passed points are left out."""
+    if points is None or points.empty:
+        return {}
+    ok = points[points["status"] == "passed"].dropna(subset=["task_s"])
+    found = {}
+    for name, g in ok.groupby("workload", sort=False):
+        x, y = g["order_index"].to_numpy(dtype=float), g["task_s"].to_numpy(dtype=float)
+        median = float(np.median(y))
+        if len(g) >= MIN_POINTS and median > 0:
+            found[str(name)] = (theil_sen(x, y), median)
+    return found
+
+
+def _machine(
+    workload: str, change: float, span: float, slopes: Slopes
+) -> tuple[tuple[str, float] | None, bool]:
+    """The bearing calibration that moved most over the cell's span, and whether it explains
+    the cell's ``change`` (``drift_masks`` on 1 + each)."""
+    bearing = [(name, slopes[name][0] * span / slopes[name][1])
+               for name in calibrations_for(slopes, workload)]  # fmt: skip
+    if not bearing:
+        return None, False
+    explains = [(name, m) for name, m in bearing if drift_masks(1 + m, 1 + change)]
+    farthest = max(explains or bearing, key=lambda item: abs(np.log(max(1 + item[1], 1e-9))))
+    return farthest, bool(explains)
+
+
+def cell_trends(environments: pd.DataFrame, sentinel: pd.DataFrame | None = None) -> list[Trend]:
     """The trend of every cell of one host's ``environments`` (``HostTables.environments``:
-    mode, workload, status, order_index, task_s), cells in the frame's order."""
+    mode, workload, status, order_index, task_s), cells in the frame's order; with the host's
+    sentinel points (``SentinelTable.points``), what the machine did over each cell's span."""
     ok = environments[environments["status"] == "passed"].dropna(subset=["task_s"])
+    slopes = machine_slopes(sentinel)
     found: list[Trend] = []
     for (mode, workload), g in ok.groupby(["mode", "workload"], sort=False):
         x = g["order_index"].to_numpy(dtype=float)
         y = g["task_s"].to_numpy(dtype=float)
-        median = float(np.median(y)) if len(y) else 0.0
         span = float(x.max() - x.min()) if len(x) else 0.0
-        change = theil_sen(x, y) * span / median if median > 0 and len(x) > 1 else 0.0
+        change = change_over(x, y, span)
         if len(x) >= MIN_N:
             rho, p = spearman_test(x, y)
         else:
             rho, p = 0.0, None
-        found.append(Trend(str(mode), str(workload), len(y), change, rho, p))
+        machine, explained = _machine(str(workload), change, span, slopes)
+        found.append(Trend(str(mode), str(workload), len(y), change, rho, p,
+                           machine=machine, explained=explained))  # fmt: skip
     tested = [k for k, t in enumerate(found) if t.p is not None]
     flags = holm([found[k].p for k in tested])  # type: ignore[misc]
     for k, flag in zip(tested, flags, strict=True):
-        t = found[k]
-        found[k] = Trend(t.mode, t.workload, t.n, t.change, t.rho, t.p, flag)
+        found[k] = replace(found[k], significant=flag)
     return found
