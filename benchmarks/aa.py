@@ -10,14 +10,15 @@ compares each pair with ``coordinator.results.compare`` and prints:
 * the sentinel's view of each pair (calibration ratios B / A);
 * the drift inside each campaign (``coordinator.results.trend``: each cell's change over the run
   order, ``*`` where it is significant after Holm's correction);
-* with ``--effect``, a third campaign E per pair with a known injected effect, compared with A.
+* with ``--effect``, a third campaign E per pair with a known injected effect, compared with B
+  (the campaign just before it: the sides are as close in time as an A/A pair's).
 
 The plan has the A/A modes and, per workload W, a command mode ``probe-W`` (native's payload
 through ``env``, ``workloads = [W]``) whose ``sync`` helper runs ``sleep S`` inside each round's
-clock. In A and B, S = 0; in E, S is ``EFFECT`` x the probe's median round time in A. Both
-sides pay the same helper, so the probe cells of A vs E differ by exactly the sleep: a known
+clock. In A and B, S = 0; in E, S is ``EFFECT`` x the probe's median round time in B. Both
+sides pay the same helper, so the probe cells of B vs E differ by exactly the sleep: a known
 20% effect, found by the same between-campaign comparison as the A/A cells (E's other cells
-are A/A cells too; they are not counted, being compared with the same A).
+are A/A cells too; they are not counted, being compared with the same B).
 
 Targets (the issue's): at N = 10, at most 5% false verdicts over at least 24 A/A cells, and the
 20% effect detected in at least 80% of its cells.
@@ -176,10 +177,12 @@ def main() -> int:
             if x.verdict != SAME:
                 print(f"  {x.mode_a}/{x.workload}: {x.verdict} {x.ratio:.3f}x {interval(x)}")
         if args.effect:
-            delays = {w: EFFECT * m for w, m in probe_rounds(lab, a).items()}
+            # E against B, the campaign just before it: the two sides are as close in time as
+            # an A/A pair's, so the machine's own shift between them is no larger
+            delays = {w: EFFECT * m for w, m in probe_rounds(lab, b).items()}
             e = lab.run(plan_text(f"aa-{pair}", args.environments, delays), f"{pair}e")
-            found, sentinel_lines = lab.compare(a, e)
-            print(f"  sentinel E / A: {', '.join(sentinel_lines) or 'none'}")
+            found, sentinel_lines = lab.compare(b, e)
+            print(f"  sentinel E / B: {', '.join(sentinel_lines) or 'none'}")
             for x in found:
                 if x.mode_a.startswith(PROBE):
                     effect.append(x)
