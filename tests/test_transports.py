@@ -54,7 +54,8 @@ def comparable(record: dict[str, Any]) -> dict[str, Any]:
     out["rounds"] = [{k: v for k, v in r.items() if k != "task_s"} for r in record["rounds"]]
     cgroup = dict(out["provenance"].get("cgroup", {}))
     cgroup.pop("path", None)  # the environment's cgroup carries a random suffix per run
-    out["provenance"] = {**out["provenance"], "cgroup": cgroup}
+    provenance = {k: v for k, v in out["provenance"].items() if k != "prejoin_cpu_s"}  # measured
+    out["provenance"] = {**provenance, "cgroup": cgroup}
     return out
 
 
