@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import REPO, require, require_binary
 
@@ -106,3 +107,23 @@ def test_campaign_wall_prints_its_figures() -> None:
     assert done.stdout.count("largest unmeasured costs: ") == 2, done.stdout
     ahead = re.findall(r"preparation done ahead \(.*\) ([\d.]+) s$", done.stdout, re.MULTILINE)
     assert len(ahead) == 2 and all(float(s) > 0 for s in ahead), done.stdout
+
+
+def test_aa_prints_its_figures(tmp_path: Path) -> None:
+    """aa.py with one pair and the effect campaign: two A/A campaigns and E compared, the rates
+    printed beside their targets (16 A/A cells are fewer than the 24 its target asks for, so it
+    says MISSED and exits 1: never 2 or a traceback)."""
+    require(os.geteuid() == 0, "root (cgroups)")
+    done = run_script(
+        "aa.py", "--pairs", "1", "--environments", "10", "--effect",
+        "--data", str(tmp_path / "data"), "--work-root", str(tmp_path / "work"),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    assert re.search(r"^  sentinel B / A: sentinel-cpu [\d.]+x", out, flags=re.MULTILINE), out
+    assert re.search(r"^  sentinel E / B: sentinel-cpu [\d.]+x", out, flags=re.MULTILINE), out
+    assert len(re.findall(r"^  effect \S+: sleep [\d.]+ ms a round: ", out, re.MULTILINE)) == 4
+    false = r"^A/A false verdicts: \d+ of 16 cells = [\d.]+% \(target <= 5% over >= 24 cells\): "
+    assert re.search(false + "MISSED", out, flags=re.MULTILINE), out
+    assert re.search(r"^20% effect detected: \d+ of 4 cells = \d+% \(target >= 80%\): (met|MISSED)",
+                     out, flags=re.MULTILINE), out  # fmt: skip
