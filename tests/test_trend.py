@@ -65,23 +65,36 @@ def sentinel(calibrations: dict[str, list[float]], every: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+LEVEL = [0.010, 0.0101, 0.0099, 0.010, 0.0102]  # a calibration that stays where it is
+META_RISES = [0.010, 0.0115, 0.0125, 0.014, 0.015]  # +50% over the campaign
+
+
+def two_rising_cells() -> pd.DataFrame:
+    """native create-small (uses metadata) and seq-write (does not), both +50% over 20."""
+    rng = np.random.default_rng(2)
+    rising = list(np.linspace(0.040, 0.060, 20) + rng.normal(0, 0.002, 20))
+    return frame({("native", "create-small"): rising, ("native", "seq-write"): rising})
+
+
+def meta_rising(every: int = 10) -> pd.DataFrame:
+    """Sentinel points with sentinel-meta rising as the two cells do, CPU and fsync level."""
+    return sentinel(
+        {"sentinel-cpu": LEVEL, "sentinel-fsync": LEVEL, "sentinel-meta": META_RISES}, every
+    )
+
+
 def test_a_drift_the_sentinel_shares_is_explained_and_one_it_does_not_is_not() -> None:
     """Two cells rise +50% over the campaign. With sentinel-meta rising as much, create-small
     (which uses metadata) moved with the host and seq-write (which does not) did not; with a
     level sentinel neither is explained. Both stay flagged either way."""
-    rng = np.random.default_rng(2)
-    rising = list(np.linspace(0.040, 0.060, 20) + rng.normal(0, 0.002, 20))
-    env = frame({("native", "create-small"): rising, ("native", "seq-write"): rising})
-    level = [0.010, 0.0101, 0.0099, 0.010, 0.0102]
-    meta_rises = sentinel({"sentinel-cpu": level, "sentinel-fsync": level,
-                           "sentinel-meta": [0.010, 0.0115, 0.0125, 0.014, 0.015]}, 10)  # fmt: skip
-    found = {x.workload: x for x in cell_trends(env, meta_rises)}
+    env = two_rising_cells()
+    found = {x.workload: x for x in cell_trends(env, meta_rising())}
     small, seq = found["create-small"], found["seq-write"]
     assert small.significant and seq.significant
     assert small.explained and small.machine is not None and small.machine[0] == "sentinel-meta"
     assert 0.3 < small.machine[1] < 0.7, small.machine
     assert not seq.explained and seq.machine is not None and seq.machine[0] != "sentinel-meta"
-    flat = sentinel({"sentinel-cpu": level, "sentinel-fsync": level, "sentinel-meta": level}, 10)
+    flat = sentinel({"sentinel-cpu": LEVEL, "sentinel-fsync": LEVEL, "sentinel-meta": LEVEL}, 10)
     assert not any(x.explained for x in cell_trends(env, flat))
     assert all(x.machine is None and not x.explained for x in cell_trends(env))
 
@@ -98,12 +111,7 @@ def test_a_sentinel_moving_the_other_way_or_too_little_explains_nothing() -> Non
 
 def test_the_report_says_which_flagged_cells_moved_with_the_sentinel() -> None:
     """The report's drift section marks and names them, with the calibration and its change."""
-    rng = np.random.default_rng(2)
-    rising = list(np.linspace(0.040, 0.060, 20) + rng.normal(0, 0.002, 20))
-    env = frame({("native", "create-small"): rising, ("native", "seq-write"): rising})
-    level = [0.010, 0.0101, 0.0099, 0.010, 0.0102]
-    points = sentinel({"sentinel-cpu": level, "sentinel-fsync": level,
-                       "sentinel-meta": [0.010, 0.0115, 0.0125, 0.014, 0.015]}, 10)  # fmt: skip
+    env, points = two_rising_cells(), meta_rising()
     empty = pd.DataFrame()
     tables = HostTables("h", "c", empty, empty, {}, empty, env)
     blocks = trend_blocks(tables, None, SentinelTable("h", "c", points, 10.0, 0.1))
