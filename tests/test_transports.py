@@ -43,6 +43,7 @@ memory = "1GiB"
 # Measured on each run, or signed per record: never equal between two runs of the same spec.
 MEASURED = ("started_at", "ready_ms", "cpu_s", "payload_cpu_s", "peak_memory_bytes", "wall_s",
             "phases", "steps", "spans", "signature")  # fmt: skip
+MEASURED_PROVENANCE = ("prejoin_cpu_s",)  # the launcher's CPU time before it joined the cgroup
 # the fleet's own timing and redelivery counts; each store's link (its own chain and key); the
 # preparation the embedded run does ahead (a fleet worker knows no next environment)
 PER_TRANSPORT = ("fleet", "chain", "overlapped_s")
@@ -54,7 +55,7 @@ def comparable(record: dict[str, Any]) -> dict[str, Any]:
     out["rounds"] = [{k: v for k, v in r.items() if k != "task_s"} for r in record["rounds"]]
     cgroup = dict(out["provenance"].get("cgroup", {}))
     cgroup.pop("path", None)  # the environment's cgroup carries a random suffix per run
-    provenance = {k: v for k, v in out["provenance"].items() if k != "prejoin_cpu_s"}  # measured
+    provenance = {k: v for k, v in out["provenance"].items() if k not in MEASURED_PROVENANCE}
     out["provenance"] = {**provenance, "cgroup": cgroup}
     return out
 

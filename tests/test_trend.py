@@ -76,10 +76,10 @@ def two_rising_cells() -> pd.DataFrame:
     return frame({("native", "create-small"): rising, ("native", "seq-write"): rising})
 
 
-def meta_rising(every: int = 10) -> pd.DataFrame:
+def meta_rising() -> pd.DataFrame:
     """Sentinel points with sentinel-meta rising as the two cells do, CPU and fsync level."""
     return sentinel(
-        {"sentinel-cpu": LEVEL, "sentinel-fsync": LEVEL, "sentinel-meta": META_RISES}, every
+        {"sentinel-cpu": LEVEL, "sentinel-fsync": LEVEL, "sentinel-meta": META_RISES}, 10
     )
 
 
