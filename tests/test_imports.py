@@ -222,29 +222,40 @@ def test_the_payload_needs_only_workloads(tmp_path: Path) -> None:
 
 
 # Modules the payload must not import for its workload, after Ready and before its first answer:
-# each costs about 2 ms in gVisor and tens of ms in a TCG guest (``workloads/kit.py``).
-HEAVY = ("dataclasses", "inspect", "ast", "typing", "shutil", "workloads.catalog")
+# each costs about 2 ms in gVisor and tens of ms in a TCG guest (``workloads/kit.py``); ``json``
+# and ``pathlib`` (each about 8 ms here, with ``re``) neither (``workloads/jsonline.py``).
+HEAVY = ("dataclasses", "inspect", "ast", "typing", "shutil", "workloads.catalog", "json",
+         "pathlib")  # fmt: skip
+# ``re`` and ``enum`` come only with ``subprocess`` (its ``locale`` and ``signal``): workflows.
+NO_RE = ("re", "enum")
 
 
 @pytest.mark.parametrize(
     ("workload", "also_not"),
-    [("sentinel-cpu", ("subprocess", "threading", "workloads.reads")),
-     ("seq-write", ("subprocess", "threading", "workloads.reads")),
-     ("read-small", ("subprocess", "threading")),
-     ("ws1024-w1", ("subprocess",)),
+    [("sentinel-cpu", ("subprocess", "threading", "workloads.reads", *NO_RE)),
+     ("seq-write", ("subprocess", "threading", "workloads.reads", *NO_RE)),
+     ("read-small", ("subprocess", "threading", *NO_RE)),
+     ("ws1024-w1", ("subprocess", *NO_RE)),
      ("publish", ())],
 )  # fmt: skip
 def test_the_payload_imports_only_what_its_workload_needs(
-    workload: str, also_not: tuple[str, ...]
+    workload: str, also_not: tuple[str, ...], tmp_path: Path
 ) -> None:
     """``find_declared`` imports the declaring families in order and stops at the workload's;
-    nothing on the payload's path imports ``dataclasses``, ``typing`` or the catalog."""
+    nothing on the payload's path (the protocol's ``check 0`` and ``exit`` answered too)
+    imports ``dataclasses``, ``typing``, ``json``, ``pathlib`` or the catalog."""
     probe = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import workloads.protocol as p; "
-        "p.find_declared(sys.argv[2]); print(' '.join(sorted(sys.modules)))"
+        "import io, sys; sys.path.insert(0, sys.argv[1]); import workloads.protocol as p; "
+        "out = io.StringIO(); args = ['--workload', sys.argv[2], '--seed', '1', '--scale', "
+        "'0.02', '--root', sys.argv[3]]; status = p.Session(out).serve(args, sys.argv[4:]); "
+        "print(status, out.getvalue().strip()); print(' '.join(sorted(sys.modules)))"
     )
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(REPO), workload],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    requests = ['{"op":"check","k":0}', '{"op": "exit"}']
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(REPO), workload,
+                           str(tmp_path), *requests], capture_output=True, text=True,
+                          check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    loaded = set(done.stdout.split())
+    answer, modules = done.stdout.splitlines()
+    assert answer == '0 {"op": "checked", "k": 0, "digest": null, "validated": true}', answer
+    loaded = set(modules.split())
     assert not loaded & {*HEAVY, *also_not}, sorted(loaded & {*HEAVY, *also_not})

@@ -193,7 +193,7 @@ def test_the_environment_side_needs_only_the_standard_library() -> None:
     standard library and each other: all of it runs inside every mode."""
     from workloads import catalog
 
-    inside = {"payload", "protocol", "catalog", "kit", "calibration"}
+    inside = {"payload", "protocol", "jsonline", "catalog", "kit", "calibration"}
     inside |= {module.__name__.rpartition(".")[2] for module in catalog.MODULES}
     for name in inside:
         tree = ast.parse((PAYLOAD.parent / f"{name}.py").read_text())

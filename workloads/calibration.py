@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 
 from workloads.kit import (
     Check,
@@ -40,6 +39,10 @@ from workloads.kit import (
     stream,
     write_all,
 )
+
+TYPE_CHECKING = False  # ``pathlib`` is not imported at run time (``workloads.kit``)
+if TYPE_CHECKING:
+    from pathlib import Path
 
 CPU_ITERATIONS = 150_000  # about 20 ms of one core in CPython 3.11 on a 2020s lab machine
 FSYNC_WRITES = 16  # each an fsync: about 20 ms on an SSD-backed ext4

@@ -11,14 +11,16 @@ import errno
 import hashlib
 import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 # The payload imports this module after Ready, in every mode, before its first answer: it keeps
 # to modules the interpreter has cheaply (no ``dataclasses``, which imports ``inspect`` and
-# ``ast``; no ``typing`` at run time). In gVisor each module imported costs about 2 ms, in a
-# TCG guest tens of ms (``tests/test_imports.py`` holds the payload to its list).
+# ``ast``; no ``typing`` and no ``pathlib``, which imports ``re``, ``fnmatch`` and
+# ``urllib.parse``, at run time: paths are strings inside an environment, ``Path`` only names
+# the fixture builders' host-side argument). In gVisor each module imported costs about 2 ms,
+# in a TCG guest tens of ms (``tests/test_imports.py`` holds the payload to its list).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import TypeVar
 
     T = TypeVar("T")
@@ -50,7 +52,7 @@ Params = dict[str, int]
 Check = Callable[[], tuple[str, bool]]  # a read-back check, run after the round clock stopped
 # A round returns (digest, ok), or a Check that returns them when the host asks (``check k``).
 Round = Callable[[str, int, Params, int], "tuple[str, bool] | Check"]
-Builder = Callable[[Path, int, Params], None]  # fills an existing empty fixture directory
+Builder = Callable[["Path", int, Params], None]  # fills an existing empty fixture directory
 Evolver = Callable[["ModelState", int, Params, int], None]  # applies rounds 1..R to the model
 Prepare = Callable[[int, Params, int], None]  # makes round k's inputs ahead (``prepare``)
 Shape = Callable[[Params], None]  # fixes parameters that depend on each other after scaling

@@ -9,12 +9,12 @@ each imports) but the families one at a time until one declares its workload.
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import sys
 from collections.abc import Callable
 
+from workloads import jsonline
 from workloads.kit import (
     CALIBRATION,
     FAMILIES,
@@ -87,7 +87,7 @@ class Session:
 
     def send(self, message: dict[str, Any]) -> None:
         """Write one protocol line and flush it."""
-        self.channel.write(json.dumps(message) + "\n")
+        self.channel.write(jsonline.dumps(message) + "\n")
         self.channel.flush()
 
     def serve(self, argv: list[str], lines: Any) -> int:
@@ -98,7 +98,7 @@ class Session:
             p = workload.scaled(scale)
             inputs = workload.inputs or (lambda seed, p, k: None)
             for line in lines:
-                msg = json.loads(line) if line.strip() else {"op": "noop"}
+                msg = jsonline.loads(line) if line.strip() else {"op": "noop"}
                 if msg.get("op") == "exit":
                     return 0
                 if msg.get("op") == "round":

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from pathlib import Path
 
 from workloads.kit import (
     MAX_ROUNDS,
@@ -35,6 +34,10 @@ from workloads.kit import (
     tree_paths,
     write_new,
 )
+
+TYPE_CHECKING = False  # ``pathlib`` is not imported at run time (``workloads.kit``)
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # ---------------------------------------------------------------- the 2,048-file tree
 

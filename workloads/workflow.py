@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-from pathlib import Path
 
 from workloads.kit import (
     Check,
@@ -32,6 +31,10 @@ from workloads.kit import (
     write_all,
     write_new,
 )
+
+TYPE_CHECKING = False  # ``pathlib`` is not imported at run time (``workloads.kit``)
+if TYPE_CHECKING:
+    from pathlib import Path
 
 GIT_DATE0 = 1704067200  # 2024-01-01T00:00:00Z, first fixture commit
 GIT_IDENT = ("Sandbench Fixture", "fixture@sandbench.invalid")

@@ -11,7 +11,6 @@ import hashlib
 import math
 import os
 import threading
-from pathlib import Path
 
 from workloads.kit import (
     PAGE,
@@ -31,6 +30,10 @@ from workloads.kit import (
     stream_ahead,
     write_all,
 )
+
+TYPE_CHECKING = False  # ``pathlib`` is not imported at run time (``workloads.kit``)
+if TYPE_CHECKING:
+    from pathlib import Path
 
 WS_BLOCK = 64 * KiB  # write unit of the working-set workloads
 WS_BASE = MiB  # seeded source buffer the working-set blocks are sliced from

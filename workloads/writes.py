@@ -10,7 +10,6 @@ import hashlib
 import mmap
 import os
 import struct
-from pathlib import Path
 
 from workloads.kit import (
     PAGE,
@@ -35,6 +34,10 @@ from workloads.kit import (
     write_all,
     write_new,
 )
+
+TYPE_CHECKING = False  # ``pathlib`` is not imported at run time (``workloads.kit``)
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # ---------------------------------------------------------------- seq-write, sync-write
 
