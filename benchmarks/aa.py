@@ -23,24 +23,52 @@ are A/A cells too; they are not counted, being compared with the same B).
 Targets (the issue's): at N = 10, at most 5% false verdicts over at least 24 A/A cells, and the
 20% effect detected in at least 80% of its cells.
 
+For scale, the same cells are also judged by a rank-based interval ``compare`` does not use: the
+exact 95% Hodges-Lehmann interval of the ratio (the shifts of log times that a two-sided
+Mann-Whitney test at 5% does not reject), with the sentinel withholding as ``compare`` does.
+It is distribution-free and, for a change of every environment's time, more powerful than
+the bootstrap of the medians at N = 10; how its two rates move against ``compare``'s says
+whether a miss is the statistic's or the campaigns' (two campaigns of one configuration really
+differ). ``compare`` keeps the medians it shows: the rank interval is about a shift of the whole
+distribution, and a slowdown that hits only part of the environments (a busy machine) moves
+the medians more than the ranks (tests/test_compare.py's busy-machine campaigns: medians
+1.62x apart, the rank interval from 0.99).
+
+``--stored A,B[,E] ...`` reads campaigns already in ``--data`` (one triple per pair, as an
+earlier run printed them) instead of running new ones.
+
     .venv/bin/python benchmarks/aa.py [--pairs 2] [--effect] [--environments 10]
+    .venv/bin/python benchmarks/aa.py --stored A,B,E A,B,E ...
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from coordinator.results.analysis import analyze_stored  # noqa: E402
-from coordinator.results.compare import FASTER, SAME, SLOWER, WITHHELD, Cell, compare, load_side  # noqa: E402
+import numpy as np  # noqa: E402
+
+from coordinator.results.analysis import analyze_stored, passed_values  # noqa: E402
+from coordinator.results.compare import (  # noqa: E402
+    FASTER,
+    SAME,
+    SLOWER,
+    WITHHELD,
+    Cell,
+    compare,
+    drift_of,
+    load_side,
+    verdict,
+)
 from coordinator.results.trend import Trend, cell_trends  # noqa: E402
 from coordinator.store.store import Store  # noqa: E402
 from coordinator.store.trust import HostRegistry  # noqa: E402
@@ -95,12 +123,24 @@ class Lab:
         print(f"  {label}: {ident} ({time.monotonic() - started:.0f} s)", flush=True)
         return ident
 
-    def compare(self, a: str, b: str) -> tuple[list[Cell], list[str]]:
-        """The compared cells of B against A and the sentinel's ratios."""
+    def compare(self, a: str, b: str) -> tuple[list[Cell], list[str], list[str]]:
+        """The compared cells of B against A, the sentinel's ratios, and each cell's verdict
+        by the rank-based interval (``rank_interval``), the sentinel withholding as in compare."""
         store, registry = Store(self.data), HostRegistry(self.home / "hosts.json")
         c = compare(load_side(store, a, registry), load_side(store, b, registry))
         lines = [f"{r.workload} {r.ratio:.3f}x" for rs in c.sentinel.values() for r in rs]
-        return c.cells, lines
+        va, vb = self.values(a), self.values(b)
+        ranked = []
+        for x in c.cells:
+            xa, xb = va[x.mode_a, x.workload], vb[x.mode_b, x.workload]
+            ranked.append(verdict(x.n_a, x.n_b, x.ratio, rank_interval(xa, xb),
+                                  drift_of(c, x.host, x.workload))[0])  # fmt: skip
+        return c.cells, lines, ranked
+
+    def values(self, campaign: str) -> dict[tuple[str, str], np.ndarray]:
+        """(mode, workload) -> the passed environments' task times of ``campaign``."""
+        (t,) = self.analysis(campaign).tables  # type: ignore[attr-defined]
+        return passed_values(t, "task_s")
 
     def analysis(self, campaign: str) -> object:
         """The stored campaign's analysis."""
@@ -113,6 +153,33 @@ def probe_rounds(lab: Lab, campaign: str) -> dict[str, float]:
     (t,) = lab.analysis(campaign).tables  # type: ignore[attr-defined]
     rows = t.cells[t.cells["mode"].str.startswith(PROBE)]
     return {str(r.workload): float(r.task_s_median) / ROUNDS for r in rows.itertuples()}
+
+
+def rank_interval(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """Exact Hodges-Lehmann interval of the ratio b / a: the k-th smallest and k-th largest of
+    the n x m ratios b_j / a_i, k from the Mann-Whitney U statistic's null distribution (no
+    ties), e.g. the 24th for n = m = 10."""
+    n, m = len(a), len(b)
+    ratios = np.sort((np.log(b)[None, :] - np.log(a)[:, None]).ravel())
+    counts = [1]  # arrangements of n + m ranks by U: built up one observation at a time
+    table = {(0, j): [1] for j in range(m + 1)} | {(i, 0): [1] for i in range(n + 1)}
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            with_a, without = table[i - 1, j], table[i, j - 1]
+            counts = [0] * (i * j + 1)
+            for u, c in enumerate(without):
+                counts[u] += c
+            for u, c in enumerate(with_a):
+                counts[u + j] += c
+            table[i, j] = counts
+    total, tail, k = math.comb(n + m, n), 0, 0  # k: U values in the lower 2.5% tail
+    while (tail + counts[k]) / total <= (1 - level) / 2:
+        tail += counts[k]
+        k += 1
+    if k == 0:  # too few environments for any interval at this level
+        return 0.0, math.inf
+    # U(d) = #{ratios above d}: d is not rejected while k <= U(d) <= nm - k
+    return float(np.exp(ratios[k - 1])), float(np.exp(ratios[n * m - k]))
 
 
 def interval(x: Cell) -> str:
@@ -144,50 +211,64 @@ def _mark(x: Trend) -> str:
     return f"*m ({x.machine_text()})" if x.explained else "*"
 
 
-def main() -> int:
-    """Run the pairs, compare, print the rates beside the targets; exit 1 if one is missed."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=2)
-    parser.add_argument("--environments", type=int, default=10, help="N per cell")
-    parser.add_argument("--effect", action="store_true", help="add a campaign with a 20%% effect")
-    parser.add_argument("--data", type=Path, default=REPO / ".data" / "aa")
-    parser.add_argument("--work-root", type=Path, default=Path("/var/tmp/sandbench-aa"))
-    args = parser.parse_args()
-    args.data.mkdir(parents=True, exist_ok=True)
-    lab = Lab(args.data.resolve(), args.work_root, args.data.resolve() / "home")
-    aa: list[Cell] = []
-    effect: list[Cell] = []
-    trended = with_sentinel = 0
-    print(f"plan: {', '.join(WORKLOADS)} x {', '.join(MODES)} and a probe per workload, "
-          f"N = {args.environments}, {ROUNDS} rounds, scale {SCALE}, sentinel on",
-          flush=True)  # fmt: skip
-    for pair in range(1, args.pairs + 1):
-        print(f"pair {pair}:", flush=True)
+@dataclass
+class Tally:
+    """What the pairs found: the A/A and effect cells, their rank-based verdicts, the drifts."""
+
+    aa: list[Cell] = field(default_factory=list)
+    effect: list[Cell] = field(default_factory=list)
+    ranked_aa: list[str] = field(default_factory=list)
+    ranked_effect: list[str] = field(default_factory=list)
+    trended: int = 0
+    with_sentinel: int = 0
+
+
+def run_pair(lab: Lab, args: argparse.Namespace, pair: int, tally: Tally) -> None:
+    """Run (or read, ``--stored``) pair ``pair``: A and B compared, E against B with
+    ``--effect``; print what each found and add it to ``tally``."""
+    stored = args.stored[pair - 1].split(",") if args.stored else []
+    print(f"pair {pair}:", flush=True)
+    if stored:
+        a, b = stored[:2]
+        print(f"  {pair}a: {a} (stored)\n  {pair}b: {b} (stored)")
+    else:
         a = lab.run(plan_text(f"aa-{pair}", args.environments), f"{pair}a")
         b = lab.run(plan_text(f"aa-{pair}", args.environments), f"{pair}b")
-        cells, sentinel_lines = lab.compare(a, b)
-        aa += cells
-        print(f"  sentinel B / A: {', '.join(sentinel_lines) or 'none'}")
-        for ident, label in ((a, f"{pair}a"), (b, f"{pair}b")):
-            lines, flagged, explained = trend_lines(lab, ident, label)
-            trended += flagged
-            with_sentinel += explained
-            print("\n".join(lines))
-        for x in cells:
-            if x.verdict != SAME:
-                print(f"  {x.mode_a}/{x.workload}: {x.verdict} {x.ratio:.3f}x {interval(x)}")
-        if args.effect:
-            # E against B, the campaign just before it: the two sides are as close in time as
-            # an A/A pair's, so the machine's own shift between them is no larger
-            delays = {w: EFFECT * m for w, m in probe_rounds(lab, b).items()}
-            e = lab.run(plan_text(f"aa-{pair}", args.environments, delays), f"{pair}e")
-            found, sentinel_lines = lab.compare(b, e)
-            print(f"  sentinel E / B: {', '.join(sentinel_lines) or 'none'}")
-            for x in found:
-                if x.mode_a.startswith(PROBE):
-                    effect.append(x)
-                    print(f"  effect {x.workload}: sleep {delays[x.workload] * 1000:.2f} ms a "
-                          f"round: {x.verdict} {x.ratio:.3f}x {interval(x)}")  # fmt: skip
+    cells, sentinel_lines, ranked = lab.compare(a, b)
+    tally.aa += cells
+    tally.ranked_aa += ranked
+    print(f"  sentinel B / A: {', '.join(sentinel_lines) or 'none'}")
+    for ident, label in ((a, f"{pair}a"), (b, f"{pair}b")):
+        lines, flagged, explained = trend_lines(lab, ident, label)
+        tally.trended += flagged
+        tally.with_sentinel += explained
+        print("\n".join(lines))
+    for x in cells:
+        if x.verdict != SAME:
+            print(f"  {x.mode_a}/{x.workload}: {x.verdict} {x.ratio:.3f}x {interval(x)}")
+    if not args.effect:
+        return
+    # E against B, the campaign just before it: the two sides are as close in time as an A/A
+    # pair's, so the machine's own shift between them is no larger
+    delays = {w: EFFECT * m for w, m in probe_rounds(lab, b).items()}
+    if stored:
+        e = stored[2]
+        print(f"  {pair}e: {e} (stored)")
+    else:
+        e = lab.run(plan_text(f"aa-{pair}", args.environments, delays), f"{pair}e")
+    found, sentinel_lines, ranked = lab.compare(b, e)
+    print(f"  sentinel E / B: {', '.join(sentinel_lines) or 'none'}")
+    for x, word in zip(found, ranked, strict=True):
+        if x.mode_a.startswith(PROBE):
+            tally.effect.append(x)
+            tally.ranked_effect.append(word)
+            print(f"  effect {x.workload}: sleep {delays[x.workload] * 1000:.2f} ms a round: "
+                  f"{x.verdict} {x.ratio:.3f}x {interval(x)}")  # fmt: skip
+
+
+def summary(tally: Tally, effect: bool) -> bool:
+    """Print the rates beside the targets (and the rank-based view); whether both are met."""
+    aa = tally.aa
     false = [x for x in aa if x.verdict in (FASTER, SLOWER)]
     withheld = [x for x in aa if x.verdict == WITHHELD]
     rate = len(false) / len(aa) if aa else 1.0
@@ -196,19 +277,54 @@ def main() -> int:
           f"{FALSE_TARGET:.0%} over >= {MIN_AA_CELLS} cells): {'met' if ok else 'MISSED'}; "
           f"withheld by the sentinel: {len(withheld)}")  # fmt: skip
     print(
-        f"cells with a significant drift inside a campaign (Holm, 5%): {trended}, of which "
-        f"{with_sentinel} moved with the sentinel"
+        f"cells with a significant drift inside a campaign (Holm, 5%): {tally.trended}, of "
+        f"which {tally.with_sentinel} moved with the sentinel"
     )
-    if args.effect:
-        hit = [x for x in effect if x.verdict == SLOWER]
-        detect = len(hit) / len(effect) if effect else 0.0
+    if effect:
+        hit = [x for x in tally.effect if x.verdict == SLOWER]
+        detect = len(hit) / len(tally.effect) if tally.effect else 0.0
         met = detect >= DETECT_TARGET
         ok = ok and met
-        ratios = ", ".join(f"{r:.2f}" for r in sorted(x.ratio for x in effect))
-        print(f"{EFFECT:.0%} effect detected: {len(hit)} of {len(effect)} cells = {detect:.0%} "
-              f"(target >= {DETECT_TARGET:.0%}): {'met' if met else 'MISSED'}; measured ratios "
-              f"{ratios}")  # fmt: skip
-    return 0 if ok else 1
+        ratios = ", ".join(f"{r:.2f}" for r in sorted(x.ratio for x in tally.effect))
+        print(f"{EFFECT:.0%} effect detected: {len(hit)} of {len(tally.effect)} cells = "
+              f"{detect:.0%} (target >= {DETECT_TARGET:.0%}): {'met' if met else 'MISSED'}; "
+              f"measured ratios {ratios}")  # fmt: skip
+    ranked = tally.ranked_aa
+    line = (f"for scale, the rank-based (Hodges-Lehmann) interval on the same cells: A/A false "
+            f"verdicts {sum(w in (FASTER, SLOWER) for w in ranked)} of {len(ranked)}, "
+            f"withheld {ranked.count(WITHHELD)}")  # fmt: skip
+    if effect:
+        line += (f"; {EFFECT:.0%} effect detected in {tally.ranked_effect.count(SLOWER)} of "
+                 f"{len(tally.effect)}")  # fmt: skip
+    print(line)
+    return ok
+
+
+def main() -> int:
+    """Run the pairs, compare, print the rates beside the targets; exit 1 if one is missed."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--environments", type=int, default=10, help="N per cell")
+    parser.add_argument("--effect", action="store_true", help="add a campaign with a 20%% effect")
+    parser.add_argument("--data", type=Path, default=REPO / ".data" / "aa")
+    parser.add_argument("--work-root", type=Path, default=Path("/var/tmp/sandbench-aa"))
+    parser.add_argument("--stored", nargs="+", metavar="A,B[,E]", default=[],
+                        help="campaigns in --data to read instead of running new ones")  # fmt: skip
+    args = parser.parse_args()
+    if args.stored:
+        sizes = {len(ids.split(",")) for ids in args.stored}
+        if not sizes <= {2, 3} or len(sizes) > 1:
+            parser.error("--stored takes A,B or A,B,E campaign ids for every pair alike")
+        args.pairs, args.effect = len(args.stored), sizes == {3}
+    args.data.mkdir(parents=True, exist_ok=True)
+    lab = Lab(args.data.resolve(), args.work_root, args.data.resolve() / "home")
+    print(f"plan: {', '.join(WORKLOADS)} x {', '.join(MODES)} and a probe per workload, "
+          f"N = {args.environments}, {ROUNDS} rounds, scale {SCALE}, sentinel on",
+          flush=True)  # fmt: skip
+    tally = Tally()
+    for pair in range(1, args.pairs + 1):
+        run_pair(lab, args, pair, tally)
+    return 0 if summary(tally, args.effect) else 1
 
 
 if __name__ == "__main__":

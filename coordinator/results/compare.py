@@ -322,11 +322,11 @@ def _compare_host(
             continue
         xa, xb = va[(ma, workload)], vb[(mb, workload)]
         out.cells.append(
-            _cell(ta, workload, (ma, xa), (mb, xb), seed, _drift(out, ta.host, workload))
+            _cell(ta, workload, (ma, xa), (mb, xb), seed, drift_of(out, ta.host, workload))
         )
 
 
-def _drift(out: Comparison, host: str, workload: str) -> Drift | None:
+def drift_of(out: Comparison, host: str, workload: str) -> Drift | None:
     """The machine's shift that bears on ``workload``: the farthest from 1 of the calibrations
     of the resources it uses (``sentinel.bearing_on``), None without a sentinel."""
     worst = sentinel.largest(sentinel.bearing_on(out.sentinel.get(host, []), workload))
