@@ -23,16 +23,10 @@ are A/A cells too; they are not counted, being compared with the same B).
 Targets (the issue's): at N = 10, at most 5% false verdicts over at least 24 A/A cells, and the
 20% effect detected in at least 80% of its cells.
 
-For scale, the same cells are also judged by a rank-based interval ``compare`` does not use: the
-exact 95% Hodges-Lehmann interval of the ratio (the shifts of log times that a two-sided
-Mann-Whitney test at 5% does not reject), with the sentinel withholding as ``compare`` does.
-It is distribution-free and, for a change of every environment's time, more powerful than
-the bootstrap of the medians at N = 10; how its two rates move against ``compare``'s says
-whether a miss is the statistic's or the campaigns' (two campaigns of one configuration really
-differ). ``compare`` keeps the medians it shows: the rank interval is about a shift of the whole
-distribution, and a slowdown that hits only part of the environments (a busy machine) moves
-the medians more than the ranks (tests/test_compare.py's busy-machine campaigns: medians
-1.62x apart, the rank interval from 0.99).
+For scale, the same cells are also judged by the interval ``compare`` had until 2026-12-05:
+a seeded percentile bootstrap of the ratio of the two medians, each side resampled on its own,
+with the sentinel withholding as ``compare`` does (the README says why it was replaced: on the
+same cells it found fewer of the injected effects).
 
 ``--stored A,B[,E] ...`` reads campaigns already in ``--data`` (one triple per pair, as an
 earlier run printed them) instead of running new ones.
@@ -44,7 +38,6 @@ earlier run printed them) instead of running new ones.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import subprocess
 import sys
@@ -57,7 +50,12 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from coordinator.results.analysis import analyze_stored, passed_values  # noqa: E402
+from coordinator.results.analysis import (  # noqa: E402
+    analyze_stored,
+    passed_values,
+    percentile_interval,
+    resample_medians,
+)
 from coordinator.results.compare import (  # noqa: E402
     FASTER,
     SAME,
@@ -124,18 +122,21 @@ class Lab:
         return ident
 
     def compare(self, a: str, b: str) -> tuple[list[Cell], list[str], list[str]]:
-        """The compared cells of B against A, the sentinel's ratios, and each cell's verdict
-        by the rank-based interval (``rank_interval``), the sentinel withholding as in compare."""
+        """The compared cells of B against A, the sentinel's ratios, and each cell's verdict by
+        the bootstrap of the medians (``bootstrap_interval``), the sentinel withholding as in
+        compare."""
         store, registry = Store(self.data), HostRegistry(self.home / "hosts.json")
-        c = compare(load_side(store, a, registry), load_side(store, b, registry))
+        side_a, side_b = load_side(store, a, registry), load_side(store, b, registry)
+        c = compare(side_a, side_b)
         lines = [f"{r.workload} {r.ratio:.3f}x" for rs in c.sentinel.values() for r in rs]
         va, vb = self.values(a), self.values(b)
-        ranked = []
+        seed = (int(side_a.campaign.plan.get("seed", 0)), int(side_b.campaign.plan.get("seed", 0)))
+        booted = []
         for x in c.cells:
             xa, xb = va[x.mode_a, x.workload], vb[x.mode_b, x.workload]
-            ranked.append(verdict(x.n_a, x.n_b, x.ratio, rank_interval(xa, xb),
+            booted.append(verdict(x.n_a, x.n_b, x.ratio, bootstrap_interval(xa, xb, seed),
                                   drift_of(c, x.host, x.workload))[0])  # fmt: skip
-        return c.cells, lines, ranked
+        return c.cells, lines, booted
 
     def values(self, campaign: str) -> dict[tuple[str, str], np.ndarray]:
         """(mode, workload) -> the passed environments' task times of ``campaign``."""
@@ -155,31 +156,10 @@ def probe_rounds(lab: Lab, campaign: str) -> dict[str, float]:
     return {str(r.workload): float(r.task_s_median) / ROUNDS for r in rows.itertuples()}
 
 
-def rank_interval(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    """Exact Hodges-Lehmann interval of the ratio b / a: the k-th smallest and k-th largest of
-    the n x m ratios b_j / a_i, k from the Mann-Whitney U statistic's null distribution (no
-    ties), e.g. the 24th for n = m = 10."""
-    n, m = len(a), len(b)
-    ratios = np.sort((np.log(b)[None, :] - np.log(a)[:, None]).ravel())
-    counts = [1]  # arrangements of n + m ranks by U: built up one observation at a time
-    table = {(0, j): [1] for j in range(m + 1)} | {(i, 0): [1] for i in range(n + 1)}
-    for i in range(1, n + 1):
-        for j in range(1, m + 1):
-            with_a, without = table[i - 1, j], table[i, j - 1]
-            counts = [0] * (i * j + 1)
-            for u, c in enumerate(without):
-                counts[u] += c
-            for u, c in enumerate(with_a):
-                counts[u + j] += c
-            table[i, j] = counts
-    total, tail, k = math.comb(n + m, n), 0, 0  # k: U values in the lower 2.5% tail
-    while (tail + counts[k]) / total <= (1 - level) / 2:
-        tail += counts[k]
-        k += 1
-    if k == 0:  # too few environments for any interval at this level
-        return 0.0, math.inf
-    # U(d) = #{ratios above d}: d is not rejected while k <= U(d) <= nm - k
-    return float(np.exp(ratios[k - 1])), float(np.exp(ratios[n * m - k]))
+def bootstrap_interval(a: np.ndarray, b: np.ndarray, seed: tuple[int, ...]) -> tuple[float, float]:
+    """Seeded percentile bootstrap 95% interval of median(b) / median(a), each side resampled
+    on its own: ``compare``'s interval until 2026-12-05."""
+    return percentile_interval(resample_medians(b, (*seed, 2)) / resample_medians(a, (*seed, 1)))
 
 
 def interval(x: Cell) -> str:
@@ -213,12 +193,12 @@ def _mark(x: Trend) -> str:
 
 @dataclass
 class Tally:
-    """What the pairs found: the A/A and effect cells, their rank-based verdicts, the drifts."""
+    """What the pairs found: the A/A and effect cells, their bootstrap verdicts, the drifts."""
 
     aa: list[Cell] = field(default_factory=list)
     effect: list[Cell] = field(default_factory=list)
-    ranked_aa: list[str] = field(default_factory=list)
-    ranked_effect: list[str] = field(default_factory=list)
+    booted_aa: list[str] = field(default_factory=list)
+    booted_effect: list[str] = field(default_factory=list)
     trended: int = 0
     with_sentinel: int = 0
 
@@ -234,9 +214,9 @@ def run_pair(lab: Lab, args: argparse.Namespace, pair: int, tally: Tally) -> Non
     else:
         a = lab.run(plan_text(f"aa-{pair}", args.environments), f"{pair}a")
         b = lab.run(plan_text(f"aa-{pair}", args.environments), f"{pair}b")
-    cells, sentinel_lines, ranked = lab.compare(a, b)
+    cells, sentinel_lines, booted = lab.compare(a, b)
     tally.aa += cells
-    tally.ranked_aa += ranked
+    tally.booted_aa += booted
     print(f"  sentinel B / A: {', '.join(sentinel_lines) or 'none'}")
     for ident, label in ((a, f"{pair}a"), (b, f"{pair}b")):
         lines, flagged, explained = trend_lines(lab, ident, label)
@@ -256,18 +236,18 @@ def run_pair(lab: Lab, args: argparse.Namespace, pair: int, tally: Tally) -> Non
         print(f"  {pair}e: {e} (stored)")
     else:
         e = lab.run(plan_text(f"aa-{pair}", args.environments, delays), f"{pair}e")
-    found, sentinel_lines, ranked = lab.compare(b, e)
+    found, sentinel_lines, booted = lab.compare(b, e)
     print(f"  sentinel E / B: {', '.join(sentinel_lines) or 'none'}")
-    for x, word in zip(found, ranked, strict=True):
+    for x, word in zip(found, booted, strict=True):
         if x.mode_a.startswith(PROBE):
             tally.effect.append(x)
-            tally.ranked_effect.append(word)
+            tally.booted_effect.append(word)
             print(f"  effect {x.workload}: sleep {delays[x.workload] * 1000:.2f} ms a round: "
                   f"{x.verdict} {x.ratio:.3f}x {interval(x)}")  # fmt: skip
 
 
 def summary(tally: Tally, effect: bool) -> bool:
-    """Print the rates beside the targets (and the rank-based view); whether both are met."""
+    """Print the rates beside the targets (and the bootstrap's view); whether both are met."""
     aa = tally.aa
     false = [x for x in aa if x.verdict in (FASTER, SLOWER)]
     withheld = [x for x in aa if x.verdict == WITHHELD]
@@ -289,12 +269,12 @@ def summary(tally: Tally, effect: bool) -> bool:
         print(f"{EFFECT:.0%} effect detected: {len(hit)} of {len(tally.effect)} cells = "
               f"{detect:.0%} (target >= {DETECT_TARGET:.0%}): {'met' if met else 'MISSED'}; "
               f"measured ratios {ratios}")  # fmt: skip
-    ranked = tally.ranked_aa
-    line = (f"for scale, the rank-based (Hodges-Lehmann) interval on the same cells: A/A false "
-            f"verdicts {sum(w in (FASTER, SLOWER) for w in ranked)} of {len(ranked)}, "
-            f"withheld {ranked.count(WITHHELD)}")  # fmt: skip
+    booted = tally.booted_aa
+    line = (f"for scale, the bootstrap of the medians (compare's interval until 2026-12-05) on the "
+            f"same cells: A/A false verdicts {sum(w in (FASTER, SLOWER) for w in booted)} of "
+            f"{len(booted)}, withheld {booted.count(WITHHELD)}")  # fmt: skip
     if effect:
-        line += (f"; {EFFECT:.0%} effect detected in {tally.ranked_effect.count(SLOWER)} of "
+        line += (f"; {EFFECT:.0%} effect detected in {tally.booted_effect.count(SLOWER)} of "
                  f"{len(tally.effect)}")  # fmt: skip
     print(line)
     return ok

@@ -6,6 +6,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -31,6 +32,7 @@ from coordinator.results.compare import (
     WITHIN,
     Drift,
     ratio_interval,
+    u_tail,
     verdict,
 )
 from coordinator.store.store import Store
@@ -291,11 +293,13 @@ def test_a_busy_machine_withholds_the_verdict(campaigns: Campaigns) -> None:
     """B run while CPU burners compete: its sentinel and its cell both slow down, so compare
     prints the sentinel ratio and withholds "slower", saying the machine itself moved."""
     # Both on CPU 0 alone, B with three burners there: about a quarter of the CPU it had, an
-    # effect no other load of a shared machine hides. A sentinel point every 2 environments:
-    # 6 a side, so each side's sentinel median does not hang on two points.
+    # effect no other load of a shared machine hides. Scale 0.5: rounds long enough (about 8 ms)
+    # that every environment of B meets the burners (at 0.1 a few slipped between their slices:
+    # medians 1.62x apart, yet the rank interval began at 0.99). A sentinel point every 2
+    # environments: 6 a side, so each side's sentinel median does not hang on two points.
     cpu = min(os.sched_getaffinity(0))
     extra = f'[quota]\ncpus = "{cpu}"\ncpu_quota = 1.0\n[sentinel]\nevery = 2\n'
-    plan = {"n": 10, "workload": "read-large", "scale": 0.1, "extra": extra}
+    plan = {"n": 10, "workload": "read-large", "scale": 0.5, "extra": extra}
     campaigns.run("calm", **plan)  # type: ignore[arg-type]
     with cpu_burners(3, cpu):
         campaigns.run("busy", **plan)  # type: ignore[arg-type]
@@ -330,11 +334,37 @@ def test_verdict_rule_and_drift() -> None:
     assert "machine itself moved" in verdict(3, 3, 0.64, None, Drift(0.79, "sentinel"))[1]
 
 
-def test_ratio_interval_resamples_sides_independently() -> None:
-    """Equal samples on both sides give an interval around 1, not the point 1 of shared draws."""
+def test_ratio_interval_is_the_exact_rank_interval() -> None:
+    """The Mann-Whitney tail counts of the published tables (two-sided 5%: U <= 2, 13, 23, 29,
+    127), none below four values a side; equal samples give an interval around 1; for ten a
+    side the interval is the 24th smallest and largest of the 100 ratios; the normal
+    approximation beyond EXACT_MAX is within one of the exact count where they meet."""
+    pairs = ((5, 5), (8, 8), (10, 10), (10, 12), (20, 20))
+    assert [u_tail(n, m, 0.025) for n, m in pairs] == [3, 14, 24, 30, 128]
+    assert u_tail(3, 3, 0.025) == 0
+    assert ratio_interval(np.arange(1.0, 4.0), np.arange(1.0, 4.0)) == (0.0, math.inf)
     x = np.arange(1.0, 13.0)
-    low, high = ratio_interval(x, x, (1, 1))
-    assert low < 1 < high and (low, high) == ratio_interval(x, x, (1, 1))  # seeded
+    low, high = ratio_interval(x, x)
+    assert low < 1 < high
+    a, b = np.arange(1.0, 11.0), np.arange(1.0, 11.0) * 1.5
+    ratios = np.sort((b[None, :] / a[:, None]).ravel())
+    assert ratio_interval(a, b) == pytest.approx((ratios[23], ratios[76]))
+    exact = u_tail(200, 200, 0.025)  # n + m = EXACT_MAX: the last exact count
+    normal = 200 * 200 / 2 - 1.959964 * math.sqrt(200 * 200 * 401 / 12) + 0.5
+    assert abs(exact - math.floor(normal)) <= 1
+    assert abs(u_tail(201, 199, 0.025) - exact) <= 1
+
+
+def test_ratio_interval_covers_95_percent() -> None:
+    """Seeded draws of two samples of ten from one log-normal time: the interval contains 1 in
+    at least 95% of them (its exact level is 95.7%), and a 1.4x change (1.7 standard deviations
+    of the log time) is found in about 93% (a t-test's power there: 95%)."""
+    rng = np.random.default_rng(5)
+    draws = [(rng.lognormal(0, 0.2, 10), rng.lognormal(0, 0.2, 10)) for _ in range(1000)]
+    covered = sum(low <= 1 <= high for low, high in (ratio_interval(a, b) for a, b in draws))
+    assert 950 <= covered <= 980
+    found = sum(ratio_interval(a, 1.4 * b)[0] > 1 for a, b in draws)
+    assert found >= 900
 
 
 def test_a_drift_withholds_only_the_workloads_that_use_its_resource() -> None:

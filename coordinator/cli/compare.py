@@ -80,8 +80,8 @@ def _modes(a: str, b: str) -> str:
 def header_lines(c: Comparison) -> list[str]:
     """What is compared with what, how, and what else differs."""
     lines = [f"A = {c.a}; B = {c.b}; {RATIO_TEXT}",
-             ("per cell complete on both sides; both N >= 10: bootstrap 95% interval of the ratio "
-             "and a verdict; otherwise exploratory (the ratio alone)"),
+             ("per cell complete on both sides; both N >= 10: exact 95% Hodges-Lehmann interval "
+              "of the ratio (rank-based) and a verdict; otherwise exploratory (the ratio alone)"),
              f"interval: {c.interval_covers}",
              f"records of A: {c.records_a}", f"records of B: {c.records_b}"]  # fmt: skip
     for host, found in c.sentinel.items():

@@ -3,9 +3,10 @@
 A side is a whole campaign or one mode of a campaign (``ID:MODE``). Cells are matched per host:
 by (mode, workload) between two campaigns, by workload between two modes. For each cell
 complete on both sides: the two medians of the environment task time, their ratio B / A (below
-1: B is faster) and, when both sides have N >= 10, a seeded bootstrap 95% interval of the ratio
-with a verdict; with fewer environments the ratio alone, marked exploratory. A cell incomplete
-on either side, or present on one side only, is listed with why, never compared.
+1: B is faster) and, when both sides have N >= 10, the exact 95% Hodges-Lehmann interval of the
+ratio (``ratio_interval``: rank-based, the ratios a two-sided Mann-Whitney test at 5% does not
+reject) with a verdict; with fewer environments the ratio alone, marked exploratory. A cell
+incomplete on either side, or present on one side only, is listed with why, never compared.
 
 Refused (``CompareRefused``): two cohorts, no host in common, a host whose records the two
 sides' keys signed differently (not the same machine), environments doing different work.
@@ -20,7 +21,14 @@ machine's (``sentinel.drift_masks``). Two modes of one
 campaign share its time (the seeded order interleaves them), so they need no sentinel; two
 campaigns without one say so.
 
-What the interval covers is stated (``interval_covers``): between two campaigns it resamples
+Why that interval (2026-12-05, until then a percentile bootstrap of the ratio of the medians):
+it is distribution-free and exact at any N, and at N = 10 it finds more of a change of every
+environment's time. Over the README's twelve A/A pairs with an injected 20% effect it found 41
+of 48 effect cells against the bootstrap's 35, with 19 false verdicts of 192 A/A cells against
+17. What it does not see as well is a slowdown of only some environments (medians far apart,
+ranks mixed); the ratio shown stays the ratio of the medians.
+
+What the interval covers is stated (``interval_covers``): between two campaigns it compares
 environments within each campaign, so it knows nothing of how two campaigns of one
 configuration differ (``BETWEEN``, with the sound design for an A/B question); two modes of one
 campaign are interleaved by its seeded order (``WITHIN``).
@@ -33,8 +41,10 @@ shown, marked ``unverified``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -48,8 +58,6 @@ from coordinator.results.analysis import (
     analyze_stored,
     flatten_facts,
     passed_values,
-    percentile_interval,
-    resample_medians,
 )
 from coordinator.store.store import CAMPAIGN_FILE, Store
 from coordinator.store.trust import HostRegistry
@@ -64,13 +72,15 @@ UNVERIFIED = "unverified"
 WITHIN = ("both sides are modes of one campaign: the seeded order interleaves their "
           "environments, so the interval covers the noise of this comparison")  # fmt: skip
 BETWEEN = (
-    "the interval resamples each side's environments within its own campaign: it covers "
+    "the interval ranks each side's environments within its own campaign: it covers "
     "within-campaign noise only, not how two campaigns of one configuration differ (the "
     "machine's state and drift between and during them; the sentinel catches part of it), so "
     "a verdict between two campaigns can be false (see the README's A/A figures). For an A/B "
     "question make both configurations modes of one plan and compare ID:A_MODE ID:B_MODE, or "
     "repeat campaigns on each side"
 )
+LEVEL = 0.95  # of the ratio's interval
+EXACT_MAX = 400  # n + m up to which the interval's rank is exact (float64 holds C(400, 200))
 SAME_WORK = ("scale", "rounds")  # plan fields that set what one environment does
 NOTED_PLAN = ("environments", "limit_s", "quota", "vm", "seed")
 NOTED_FACTS = ("cpu_model", "cores", "memory_bytes", "kernel", "os", "cgroup", "harness.commit",
@@ -208,9 +218,36 @@ def verdict(n_a: int, n_b: int, ratio: float, interval: tuple[float, float] | No
     return word, f"the 95% interval of the ratio lies {'below' if word == FASTER else 'above'} 1"
 
 
-def ratio_interval(a: np.ndarray, b: np.ndarray, seed: tuple[int, ...]) -> tuple[float, float]:
-    """Bootstrap 95% interval of median(b) / median(a), resampling each side independently."""
-    return percentile_interval(resample_medians(b, (*seed, 2)) / resample_medians(a, (*seed, 1)))
+def ratio_interval(a: np.ndarray, b: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """Exact Hodges-Lehmann interval of the ratio b / a: the k-th smallest and the k-th largest
+    of the n x m ratios b_j / a_i, k the number of the Mann-Whitney statistic's values in its
+    lower (1 - level) / 2 tail (24 for n = m = 10): the ratios r for which a two-sided test of
+    "B is A times r" at 1 - level does not reject (Hollander and Wolfe, ch. 4)."""
+    n, m = len(a), len(b)
+    ratios = np.sort((np.log(b)[None, :] - np.log(a)[:, None]).ravel())
+    k = u_tail(n, m, (1 - level) / 2)
+    if k == 0:  # too few environments for an interval at this level
+        return 0.0, math.inf
+    return float(np.exp(ratios[k - 1])), float(np.exp(ratios[n * m - k]))
+
+
+def u_tail(n: int, m: int, alpha: float) -> int:
+    """How many of the values 0, 1, ... of the Mann-Whitney U statistic (n and m values, no
+    ties) together have probability at most ``alpha`` under no difference. Exact (the Gaussian
+    binomial coefficient [n + m, n] counts the orderings by U) while n + m <= EXACT_MAX, else
+    the normal approximation."""
+    if n + m > EXACT_MAX:
+        sd = math.sqrt(n * m * (n + m + 1) / 12)
+        return max(0, math.floor(n * m / 2 - NormalDist().inv_cdf(1 - alpha) * sd + 0.5))
+    counts = np.zeros(n * m + 1)
+    counts[0] = 1.0
+    for i in range(1, min(n, m) + 1):  # times (1 - q^(max + i)), then over (1 - q^i)
+        step = max(n, m) + i
+        counts[step:] -= counts[:-step].copy()
+        for r in range(i):
+            counts[r::i] = np.cumsum(counts[r::i])
+    tail = np.cumsum(counts) / math.comb(n + m, n)
+    return int(np.searchsorted(tail, alpha * (1 + 1e-12), side="right"))
 
 
 def compare(a: Side, b: Side) -> Comparison:
@@ -222,14 +259,13 @@ def compare(a: Side, b: Side) -> Comparison:
     out = Comparison(a.label, b.label, notes=_notes(a, b, pairs),
                      records_a=records_text(a), records_b=records_text(b))  # fmt: skip
     out.interval_covers = WITHIN if a.campaign.id == b.campaign.id else BETWEEN
-    seed = (int(a.campaign.plan.get("seed", 0)), int(b.campaign.plan.get("seed", 0)))
     for host, cohort in pairs:
         ta, tb = a.table(host, cohort), b.table(host, cohort)
         assert ta is not None
         assert tb is not None
         if a.campaign.id != b.campaign.id:  # one campaign's modes share its time: no drift
             _measure_drift(out, a, b, host, cohort)
-        _compare_host(out, (a, ta), (b, tb), seed)
+        _compare_host(out, (a, ta), (b, tb))
     _refuse_unverified(out, a, b)
     return out
 
@@ -304,9 +340,7 @@ def _check_same_work(a: Side, b: Side) -> None:
             )
 
 
-def _compare_host(
-    out: Comparison, a: tuple[Side, HostTables], b: tuple[Side, HostTables], seed: tuple[int, int]
-) -> None:
+def _compare_host(out: Comparison, a: tuple[Side, HostTables], b: tuple[Side, HostTables]) -> None:
     """Append the compared and the excluded cells of one host and cohort."""
     (sa, ta), (sb, tb) = a, b
     ca, cb = sa.cells(ta), sb.cells(tb)
@@ -321,9 +355,7 @@ def _compare_host(
             out.excluded.append(Excluded(ta.host, ta.cohort, workload, ma, mb, why))
             continue
         xa, xb = va[(ma, workload)], vb[(mb, workload)]
-        out.cells.append(
-            _cell(ta, workload, (ma, xa), (mb, xb), seed, drift_of(out, ta.host, workload))
-        )
+        out.cells.append(_cell(ta, workload, (ma, xa), (mb, xb), drift_of(out, ta.host, workload)))
 
 
 def drift_of(out: Comparison, host: str, workload: str) -> Drift | None:
@@ -337,12 +369,12 @@ def drift_of(out: Comparison, host: str, workload: str) -> Drift | None:
 
 
 def _cell(t: HostTables, workload: str, a: tuple[str, np.ndarray], b: tuple[str, np.ndarray],
-          seed: tuple[int, int], drift: Drift | None) -> Cell:  # fmt: skip
+          drift: Drift | None) -> Cell:  # fmt: skip
     """One compared cell from the environment task times of both sides."""
     (ma, xa), (mb, xb) = a, b
     med_a, med_b = float(np.median(xa)), float(np.median(xb))
     ratio = med_b / med_a
-    interval = ratio_interval(xa, xb, seed) if min(len(xa), len(xb)) >= CI_MIN_N else None
+    interval = ratio_interval(xa, xb) if min(len(xa), len(xb)) >= CI_MIN_N else None
     word, why = verdict(len(xa), len(xb), ratio, interval, drift)
     low, high = interval or (None, None)
     return Cell(t.host, t.cohort, workload, ma, mb, len(xa), len(xb), med_a, med_b, ratio,

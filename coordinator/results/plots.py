@@ -281,7 +281,8 @@ def ratio_plot(
         c.dots([scale(ratio)], [y], fill, 8.0, 1.0)
         c.text(WIDTH - 16, y - 5, word, size=9, anchor="end", fill=fill)
     caption = (
-        "Ratio of medians B / A per cell: point the ratio, line its bootstrap 95% interval "
+        "Ratio of medians B / A per cell: point the ratio, line the exact 95% rank-based "
+        "(Hodges-Lehmann) interval of the ratio "
         "(both sides N >= 10; none when exploratory), dashed line 1 (no change)."
     )
     return save(c, caption, stem)
