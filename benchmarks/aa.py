@@ -129,19 +129,17 @@ class Lab:
         side_a, side_b = load_side(store, a, registry), load_side(store, b, registry)
         c = compare(side_a, side_b)
         lines = [f"{r.workload} {r.ratio:.3f}x" for rs in c.sentinel.values() for r in rs]
-        va, vb = self.values(a), self.values(b)
         seed = (int(side_a.campaign.plan.get("seed", 0)), int(side_b.campaign.plan.get("seed", 0)))
         booted = []
-        for x in c.cells:
-            xa, xb = va[x.mode_a, x.workload], vb[x.mode_b, x.workload]
+        for x in c.cells:  # the task times of the analyses compare made
+            ta, tb = side_a.table(x.host, x.cohort), side_b.table(x.host, x.cohort)
+            assert ta is not None
+            assert tb is not None
+            xa = passed_values(ta, "task_s", [x.workload])[x.mode_a, x.workload]
+            xb = passed_values(tb, "task_s", [x.workload])[x.mode_b, x.workload]
             booted.append(verdict(x.n_a, x.n_b, x.ratio, bootstrap_interval(xa, xb, seed),
                                   drift_of(c, x.host, x.workload))[0])  # fmt: skip
         return c.cells, lines, booted
-
-    def values(self, campaign: str) -> dict[tuple[str, str], np.ndarray]:
-        """(mode, workload) -> the passed environments' task times of ``campaign``."""
-        (t,) = self.analysis(campaign).tables  # type: ignore[attr-defined]
-        return passed_values(t, "task_s")
 
     def analysis(self, campaign: str) -> object:
         """The stored campaign's analysis."""

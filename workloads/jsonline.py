@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 _LITERALS = {"true": True, "false": False, "null": None}
 _DIGITS = "0123456789"
 _SPACE = " \t\n\r"  # JSON's whitespace (``str.strip`` alone strips more)
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
 _PLAIN = frozenset(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\"}  # written as they are
 
 
@@ -64,8 +65,8 @@ def _string(text: str) -> str:
             out.append(c)
         elif c in '"\\':
             out.append("\\" + c)
-        elif c in "\n\r\t\b\f":
-            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}[c])
+        elif c in _ESCAPES:
+            out.append(_ESCAPES[c])
         elif ord(c) > 0xFFFF:  # a surrogate pair, as json writes it
             n = ord(c) - 0x10000
             out.append(f"\\u{0xD800 | (n >> 10):04x}\\u{0xDC00 | (n & 0x3FF):04x}")
