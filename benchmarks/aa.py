@@ -38,6 +38,7 @@ earlier run printed them) instead of running new ones.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -50,6 +51,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
+from coordinator.results import between  # noqa: E402
 from coordinator.results.analysis import (  # noqa: E402
     analyze_stored,
     passed_values,
@@ -62,6 +64,8 @@ from coordinator.results.compare import (  # noqa: E402
     SLOWER,
     WITHHELD,
     Cell,
+    Comparison,
+    Side,
     compare,
     drift_of,
     load_side,
@@ -121,12 +125,19 @@ class Lab:
         print(f"  {label}: {ident} ({time.monotonic() - started:.0f} s)", flush=True)
         return ident
 
-    def compare(self, a: str, b: str) -> tuple[list[Cell], list[str], list[str]]:
-        """The compared cells of B against A, the sentinel's ratios, and each cell's verdict by
-        the bootstrap of the medians (``bootstrap_interval``), the sentinel withholding as in
-        compare."""
-        store, registry = Store(self.data), HostRegistry(self.home / "hosts.json")
-        side_a, side_b = load_side(store, a, registry), load_side(store, b, registry)
+    sides: dict[str, Side] = field(default_factory=dict)  # campaign id -> loaded once
+
+    def side(self, ident: str) -> Side:
+        """The stored campaign ``ident`` as a side of ``compare`` (loaded once)."""
+        if ident not in self.sides:
+            store, registry = Store(self.data), HostRegistry(self.home / "hosts.json")
+            self.sides[ident] = load_side(store, ident, registry)
+        return self.sides[ident]
+
+    def compare(self, a: str, b: str) -> tuple[Comparison, list[str], list[str]]:
+        """B compared with A, the sentinel's ratios, and each cell's verdict by the bootstrap
+        of the medians (``bootstrap_interval``), the sentinel withholding as in compare."""
+        side_a, side_b = self.side(a), self.side(b)
         c = compare(side_a, side_b)
         lines = [f"{r.workload} {r.ratio:.3f}x" for rs in c.sentinel.values() for r in rs]
         seed = (int(side_a.campaign.plan.get("seed", 0)), int(side_b.campaign.plan.get("seed", 0)))
@@ -139,7 +150,7 @@ class Lab:
             xb = passed_values(tb, "task_s", [x.workload])[x.mode_b, x.workload]
             booted.append(verdict(x.n_a, x.n_b, x.ratio, bootstrap_interval(xa, xb, seed),
                                   drift_of(c, x.host, x.workload))[0])  # fmt: skip
-        return c.cells, lines, booted
+        return c, lines, booted
 
     def analysis(self, campaign: str) -> object:
         """The stored campaign's analysis."""
@@ -195,6 +206,8 @@ class Tally:
 
     aa: list[Cell] = field(default_factory=list)
     effect: list[Cell] = field(default_factory=list)
+    pairs: list[tuple[str, str, str | None]] = field(default_factory=list)  # A, B, E ids
+    aa_pairs: list[Comparison] = field(default_factory=list)  # each pair's B vs A
     booted_aa: list[str] = field(default_factory=list)
     booted_effect: list[str] = field(default_factory=list)
     trended: int = 0
@@ -212,8 +225,11 @@ def run_pair(lab: Lab, args: argparse.Namespace, pair: int, tally: Tally) -> Non
     else:
         a = lab.run(plan_text(f"aa-{pair}", args.environments), f"{pair}a")
         b = lab.run(plan_text(f"aa-{pair}", args.environments), f"{pair}b")
-    cells, sentinel_lines, booted = lab.compare(a, b)
+    found_aa, sentinel_lines, booted = lab.compare(a, b)
+    cells = found_aa.cells
     tally.aa += cells
+    tally.aa_pairs.append(found_aa)
+    tally.pairs.append((a, b, None))
     tally.booted_aa += booted
     print(f"  sentinel B / A: {', '.join(sentinel_lines) or 'none'}")
     for ident, label in ((a, f"{pair}a"), (b, f"{pair}b")):
@@ -234,9 +250,10 @@ def run_pair(lab: Lab, args: argparse.Namespace, pair: int, tally: Tally) -> Non
         print(f"  {pair}e: {e} (stored)")
     else:
         e = lab.run(plan_text(f"aa-{pair}", args.environments, delays), f"{pair}e")
+    tally.pairs[-1] = (a, b, e)
     found, sentinel_lines, booted = lab.compare(b, e)
     print(f"  sentinel E / B: {', '.join(sentinel_lines) or 'none'}")
-    for x, word in zip(found, booted, strict=True):
+    for x, word in zip(found.cells, booted, strict=True):
         if x.mode_a.startswith(PROBE):
             tally.effect.append(x)
             tally.booted_effect.append(word)
@@ -244,29 +261,62 @@ def run_pair(lab: Lab, args: argparse.Namespace, pair: int, tally: Tally) -> Non
                   f"{x.verdict} {x.ratio:.3f}x {interval(x)}")  # fmt: skip
 
 
-def summary(tally: Tally, effect: bool) -> bool:
-    """Print the rates beside the targets (and the bootstrap's view); whether both are met."""
-    aa = tally.aa
+def judged(lab: Lab, tally: Tally) -> tuple[list[Cell], list[Cell], list[str]]:
+    """Every pair judged as ``compare --aa`` judges it, with the between-campaign spread of the
+    other pairs' A/A campaigns (leave one pair out: a pair never widens its own interval): its
+    A/A cells, its effect cells, and the spreads used, one line per pair."""
+    aa, effect, lines = [], [], []
+    for i, (a, b, e) in enumerate(tally.pairs):
+        others = [c for j, c in enumerate(tally.aa_pairs) if j != i]
+        noise = between.estimate(others, [f"pairs other than {i + 1}"])
+        aa += compare(lab.side(a), lab.side(b), noise).cells
+        if e is not None:
+            effect += [x for x in compare(lab.side(b), lab.side(e), noise).cells
+                       if x.mode_a.startswith(PROBE)]  # fmt: skip
+        shown = ", ".join(f"{w} {math.expm1(x.sd):.1%}"
+                          for (_, _, w), x in sorted(noise.spreads.items()))  # fmt: skip
+        lines.append(f"  pair {i + 1} judged with the spread of the other pairs: {shown}")
+    return aa, effect, lines
+
+
+def rates(aa: list[Cell], effect: list[Cell] | None, label: str) -> bool:
+    """Print the false-verdict and detection rates of one way of judging beside the targets;
+    whether both are met."""
     false = [x for x in aa if x.verdict in (FASTER, SLOWER)]
     withheld = [x for x in aa if x.verdict == WITHHELD]
     rate = len(false) / len(aa) if aa else 1.0
     ok = rate <= FALSE_TARGET and len(aa) >= MIN_AA_CELLS
-    print(f"\nA/A false verdicts: {len(false)} of {len(aa)} cells = {rate:.1%} (target <= "
-          f"{FALSE_TARGET:.0%} over >= {MIN_AA_CELLS} cells): {'met' if ok else 'MISSED'}; "
-          f"withheld by the sentinel: {len(withheld)}")  # fmt: skip
-    print(
-        f"cells with a significant drift inside a campaign (Holm, 5%): {tally.trended}, of "
-        f"which {tally.with_sentinel} moved with the sentinel"
-    )
-    if effect:
-        hit = [x for x in tally.effect if x.verdict == SLOWER]
-        detect = len(hit) / len(tally.effect) if tally.effect else 0.0
+    print(f"{label}:\n  A/A false verdicts: {len(false)} of {len(aa)} cells = {rate:.1%} "
+          f"(target <= {FALSE_TARGET:.0%} over >= {MIN_AA_CELLS} cells): "
+          f"{'met' if ok else 'MISSED'}; withheld by the sentinel: {len(withheld)}")  # fmt: skip
+    if effect is not None:
+        hit = [x for x in effect if x.verdict == SLOWER]
+        detect = len(hit) / len(effect) if effect else 0.0
         met = detect >= DETECT_TARGET
         ok = ok and met
-        ratios = ", ".join(f"{r:.2f}" for r in sorted(x.ratio for x in tally.effect))
-        print(f"{EFFECT:.0%} effect detected: {len(hit)} of {len(tally.effect)} cells = "
-              f"{detect:.0%} (target >= {DETECT_TARGET:.0%}): {'met' if met else 'MISSED'}; "
-              f"measured ratios {ratios}")  # fmt: skip
+        ratios = ", ".join(f"{r:.2f}" for r in sorted(x.ratio for x in effect))
+        by = ", ".join(f"{w} {sum(x.verdict == SLOWER for x in effect if x.workload == w)} of "
+                       f"{sum(x.workload == w for x in effect)}" for w in WORKLOADS)  # fmt: skip
+        print(f"  {EFFECT:.0%} effect detected: {len(hit)} of {len(effect)} cells = "
+              f"{detect:.0%} (target >= {DETECT_TARGET:.0%}): {'met' if met else 'MISSED'} "
+              f"({by}); measured ratios {ratios}")  # fmt: skip
+    return ok
+
+
+def summary(lab: Lab, tally: Tally, effect: bool) -> bool:
+    """Print the rates beside the targets, plain and with the A/A spread (``compare --aa``),
+    and the bootstrap's view; whether the targets are met as compare is meant to be used
+    between campaigns: with ``--aa`` where there are other pairs to give the spread."""
+    print(f"\ncells with a significant drift inside a campaign (Holm, 5%): {tally.trended}, of "
+          f"which {tally.with_sentinel} moved with the sentinel")  # fmt: skip
+    ok = rates(tally.aa, tally.effect if effect else None,
+               "compare A B (the interval covers within-campaign noise only)")  # fmt: skip
+    if len(tally.pairs) >= 2:
+        aa, found, lines = judged(lab, tally)
+        print("\n".join(lines))
+        ok = rates(aa, found if effect else None,
+                   "compare A B --aa (the interval adds the other pairs' between-campaign "
+                   "spread)")  # fmt: skip
     booted = tally.booted_aa
     line = (f"for scale, the bootstrap of the medians (compare's interval until 2026-12-05) on the "
             f"same cells: A/A false verdicts {sum(w in (FASTER, SLOWER) for w in booted)} of "
@@ -302,7 +352,7 @@ def main() -> int:
     tally = Tally()
     for pair in range(1, args.pairs + 1):
         run_pair(lab, args, pair, tally)
-    return 0 if summary(tally, args.effect) else 1
+    return 0 if summary(lab, tally, args.effect) else 1
 
 
 if __name__ == "__main__":

@@ -123,10 +123,13 @@ def test_aa_prints_its_figures(tmp_path: Path) -> None:
     assert re.search(r"^  sentinel B / A: sentinel-cpu [\d.]+x", out, flags=re.MULTILINE), out
     assert re.search(r"^  sentinel E / B: sentinel-cpu [\d.]+x", out, flags=re.MULTILINE), out
     assert len(re.findall(r"^  effect \S+: sleep [\d.]+ ms a round: ", out, re.MULTILINE)) == 4
-    false = r"^A/A false verdicts: \d+ of 16 cells = [\d.]+% \(target <= 5% over >= 24 cells\): "
-    assert re.search(false + "MISSED", out, flags=re.MULTILINE), out
-    assert re.search(r"^20% effect detected: \d+ of 4 cells = \d+% \(target >= 80%\): (met|MISSED)",
-                     out, flags=re.MULTILINE), out  # fmt: skip
+    plain = out.split("compare A B (the interval covers within-campaign noise only):\n", 1)[1]
+    false = r"^  A/A false verdicts: \d+ of 16 cells = [\d.]+% \(target <= 5% over >= 24 cells\): "
+    assert re.match(false + "MISSED", plain), out
+    assert re.search(r"^  20% effect detected: \d+ of 4 cells = \d+% \(target >= 80%\): "
+                     r"(met|MISSED) \(publish \d of 1, seq-write \d of 1, create-small \d of 1, "
+                     r"repo-inspect \d of 1\)", plain, flags=re.MULTILINE), out  # fmt: skip
+    assert "--aa" not in out  # one pair: no other pair to give the between-campaign spread
     booted = (r"^for scale, the bootstrap of the medians \(compare's interval until 2026-12-05\) "
               r"on the same cells: A/A false verdicts \d+ of 16, withheld \d+; 20% effect "
               r"detected in \d+ of 4$")  # fmt: skip
@@ -136,6 +139,18 @@ def test_aa_prints_its_figures(tmp_path: Path) -> None:
     assert len(ids) == 3, out
     again = run_script("aa.py", "--stored", ",".join(ids), "--data", str(tmp_path / "data"))
     assert again.returncode == 1, again.stdout + again.stderr
-    figures = r"^(A/A false verdicts|20% effect detected|for scale).*$"
+    figures = r"^ *(A/A false verdicts|20% effect detected|for scale).*$"
     assert re.findall(figures, again.stdout, re.MULTILINE) == re.findall(figures, out, re.MULTILINE)
+    # read as two pairs, each is judged with the other's between-campaign spread (--aa): the
+    # A/A cells' intervals only widen, so no more false verdicts than the plain interval gave
+    twice = run_script("aa.py", "--stored", ",".join(ids), ",".join(ids), "--data",
+                       str(tmp_path / "data"))  # fmt: skip
+    spread = r"^  pair [12] judged with the spread of the other pairs: create-small [\d.]+%, "
+    assert len(re.findall(spread, twice.stdout, re.MULTILINE)) == 2, twice.stdout
+    counts = [int(n) for n in re.findall(r"^  A/A false verdicts: (\d+) of 32 ", twice.stdout,
+                                         re.MULTILINE)]  # fmt: skip
+    assert len(counts) == 2 and counts[1] <= counts[0], twice.stdout
+    assert "compare A B --aa (the interval adds the other pairs' between-campaign spread):" in (
+        twice.stdout
+    )
     assert "(stored)" in again.stdout

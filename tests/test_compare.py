@@ -22,6 +22,7 @@ import pytest
 from test_campaign_local import Lab, _campaign_id
 
 from coordinator.plan.sentinel import SentinelRatio, bearing_on, drift_masks, largest, resource_of
+from coordinator.results import between
 from coordinator.results.compare import (
     BETWEEN,
     EXPLORATORY,
@@ -30,6 +31,8 @@ from coordinator.results.compare import (
     SLOWER,
     WITHHELD,
     WITHIN,
+    Cell,
+    Comparison,
     Drift,
     ratio_interval,
     u_tail,
@@ -208,6 +211,87 @@ def test_refuses_other_cohorts_hosts_keys_and_work(campaigns: Campaigns) -> None
     out = campaigns.compare("A", "A:native", check=2)
     assert "name a mode on both sides" in out
     assert "has no mode 'vm'" in campaigns.compare("A:native", "A:vm", check=2)
+
+
+def test_aa_campaigns_widen_the_interval_between_campaigns(campaigns: Campaigns) -> None:
+    """``--aa A,B``: A and B are an A/A pair (one plan run twice), so compare A B with them
+    widens each cell's interval by the spread they showed (the same cells: by exactly the
+    estimate ``between.estimate`` gives from their own ratio and interval), states what the
+    interval covers and the spread per workload, and judges the widened interval."""
+    plain = campaigns.json("A", "B")
+    both = f"{campaigns.ids['A']},{campaigns.ids['B']}"
+    doc = json.loads(campaigns.compare("A", "B", "--json", "--aa", both))
+    assert doc["interval_covers"].startswith("between two campaigns the interval adds, per "
+                                             "workload, the spread"), doc  # fmt: skip
+    assert campaigns.ids["A"] in doc["interval_covers"]
+    (spreads,) = doc["aa_noise"].values()
+    assert spreads[0].startswith("stat-tree: sd ") and "(2 cells of 1 pairs)" in spreads[0]
+    se2 = [((math.log(x["high"]) - math.log(x["low"])) / (2 * between.Z)) ** 2
+           for x in plain["cells"]]  # fmt: skip
+    excess = sum(math.log(x["ratio"]) ** 2 for x in plain["cells"]) / 2 - sum(se2) / 2
+    spread = between.Spread(math.sqrt(max(0.0, excess)), 2, 1)
+    assert f"stat-tree: {spread.text()}" == spreads[0]
+    ratios = [SentinelRatio(**r) for r in doc["sentinel"]["lab-test"]]
+    for before, x in zip(plain["cells"], doc["cells"], strict=True):
+        assert x["ratio"] == before["ratio"]
+        low, high = between.widen(before["low"], before["high"], spread)
+        assert (x["low"], x["high"]) == pytest.approx((low, high), rel=1e-9)
+        assert x["low"] <= before["low"] and x["high"] >= before["high"]
+        bearing = largest(bearing_on(ratios, x["workload"]))
+        assert bearing is not None
+        expected = verdict(10, 10, x["ratio"], (low, high), Drift(bearing.ratio, "sentinel"))[0]
+        assert x["verdict"] == expected and "widened by the A/A spread of stat-tree" in x["why"]
+    text = campaigns.compare("A", "B", "--aa", both)
+    assert "A/A spread between campaigns on host lab-test: stat-tree: sd " in text, text
+
+
+def test_aa_refusals(campaigns: Campaigns) -> None:
+    """--aa with one campaign, a campaign twice in a row, other work, or two modes of one
+    campaign: exit 2 with what to give instead."""
+    ids = campaigns.ids
+    cases = {
+        ids["A"]: "--aa takes at least two campaign ids",
+        f"{ids['A']},{ids['A']}": "names campaign",
+        f"{ids['A']}:native,{ids['B']}": "--aa takes at least two campaign ids",
+        f"{ids['A']},no-such-campaign": "no-such-campaign",
+    }
+    for given, message in cases.items():
+        out = campaigns.compare("A", "B", "--aa", given, check=2)
+        assert message in out and "sandbench: error:" in out and "Traceback" not in out, out
+    out = campaigns.compare("A:native", "A:slow-sync", "--aa", f"{ids['A']},{ids['B']}", check=2)
+    assert "modes of one campaign" in out and "without --aa" in out, out
+
+
+def test_between_estimate_and_widen_by_hand() -> None:
+    """The spread: mean squared log ratio less mean squared standard error, per workload, at
+    least 0; widening moves each log end out by sqrt(h^2 + (z sd)^2) - h, and no spread leaves
+    the interval as it was."""
+
+    def cell(workload: str, ratio: float, low: float, high: float) -> Cell:
+        return Cell("h", "default", workload, "native", "native", 10, 10, 1.0, ratio, ratio,
+                    low, high, SAME, "")  # fmt: skip
+
+    wide = math.exp(2 * between.Z * 0.05)  # an interval whose se is 0.05
+    pairs = [Comparison("x", "y", cells=[cell("w", 1.2, 1.2 / math.sqrt(wide),
+                                              1.2 * math.sqrt(wide)),
+                                         cell("v", 1.0, 0.5, 2.0)]),
+             Comparison("y", "z", cells=[cell("w", 1 / 1.1, 0.8, 0.8 * wide),
+                                         cell("w", 1.0, 0.0, math.inf)])]  # fmt: skip
+    noise = between.estimate(pairs, ["x", "y", "z"])
+    w = noise.of("h", "default", "w")
+    assert w is not None and (w.cells, w.pairs) == (2, 2)  # the cell without an interval: out
+    expected = (math.log(1.2) ** 2 + math.log(1.1) ** 2) / 2 - 0.05**2
+    assert w.sd == pytest.approx(math.sqrt(expected))
+    v = noise.of("h", "default", "v")
+    assert v is not None and v.sd == 0.0  # within noise larger than the ratio: no spread
+    assert between.widen(0.9, 1.2, v) == pytest.approx((0.9, 1.2))
+    low, high = between.widen(0.9, 1.2, w)
+    h = (math.log(1.2) - math.log(0.9)) / 2
+    step = math.sqrt(h * h + (between.Z * w.sd) ** 2) - h
+    assert (math.log(0.9) - math.log(low), math.log(high) - math.log(1.2)) == pytest.approx(
+        (step, step)
+    )
+    assert noise.of("h", "default", "u") is None
 
 
 def test_html_page_and_campaign_directory(campaigns: Campaigns, tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from coordinator.results.compare import (
     UNVERIFIED,
     Cell,
     Comparison,
+    aa_noise,
     compare,
     load_side,
 )
@@ -93,6 +94,8 @@ def header_lines(c: Comparison) -> list[str]:
         drift = c.drifts[host]
         lines.append(f"sentinel B / A on host {host}: {shown}; machine drift {drift.ratio:.3g}x "
                      f"(the farthest from 1): {MASK_RULE}")  # fmt: skip
+    for host, spreads in c.aa_noise.items():
+        lines.append(f"A/A spread between campaigns on host {host}: {'; '.join(spreads)}")
     for host in c.no_sentinel:
         lines.append(f"no machine-state sentinel measured on host {host} (on one side or both): "
                      "between two campaigns, any shift of the machine itself is part of every "
@@ -146,8 +149,12 @@ def html_blocks(c: Comparison) -> list[Block]:
 @click.option("--csv", "as_csv", is_flag=True, help="Print one CSV row per cell.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write a self-contained HTML page.")  # fmt: skip
+@click.option("--aa", "aa_ids", metavar="ID,ID[,ID...]",
+              help="A/A campaigns of the host (one configuration, run back to back): the "
+                   "interval between A and B adds the spread they show per workload.")  # fmt: skip
 def compare_command(side_a: str, side_b: str, data_dir: Path, registry_path: Path | None,
-                    as_json: bool, as_csv: bool, html_path: Path | None) -> None:  # fmt: skip
+                    as_json: bool, as_csv: bool, html_path: Path | None,
+                    aa_ids: str | None) -> None:  # fmt: skip
     """Compare B with A per host and cell: medians, ratio B / A, interval and verdict.
 
     A and B are campaign ids (or campaign directories), or ID:MODE for one mode of a campaign.
@@ -155,7 +162,12 @@ def compare_command(side_a: str, side_b: str, data_dir: Path, registry_path: Pat
     if as_json and as_csv:
         raise click.UsageError("--json and --csv print to stdout: give one of them")
     store, registry = Store(data_dir), HostRegistry(registry_path)
-    result = compare(load_side(store, side_a, registry), load_side(store, side_b, registry))
+    a, b = load_side(store, side_a, registry), load_side(store, side_b, registry)
+    noise = None
+    if aa_ids is not None:
+        ids = [x.strip() for x in aa_ids.split(",") if x.strip()]
+        noise = aa_noise([load_side(store, x, registry) for x in ids], a)
+    result = compare(a, b, noise)
     if html_path is not None:
         html_path.write_text(to_html(html_blocks(result)))
     if as_json:

@@ -31,7 +31,11 @@ ranks mixed); the ratio shown stays the ratio of the medians.
 What the interval covers is stated (``interval_covers``): between two campaigns it compares
 environments within each campaign, so it knows nothing of how two campaigns of one
 configuration differ (``BETWEEN``, with the sound design for an A/B question); two modes of one
-campaign are interleaved by its seeded order (``WITHIN``).
+campaign are interleaved by its seeded order (``WITHIN``). Given A/A campaigns of the host
+(``--aa``: campaigns of one configuration, compared in consecutive pairs), the interval between
+two campaigns adds the spread two campaigns showed there, per workload (``WITH_AA``,
+``coordinator.results.between``): over the README's twelve A/A pairs, each judged with the
+spread of the other eleven, 3 of 192 A/A cells got a verdict instead of 19.
 
 Each side's records are verified or not as ``report`` says (``coordinator.store.verdict``: the last
 ``verify``'s signed verdict over the bytes as they stand). Both sides' verdicts are stated; when
@@ -41,6 +45,7 @@ shown, marked ``unverified``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +56,7 @@ import numpy as np
 
 from contract.errors import CompareRefused
 from coordinator.plan import sentinel
+from coordinator.results import between
 from coordinator.results.analysis import (
     CI_MIN_N,
     Analysis,
@@ -77,7 +83,13 @@ BETWEEN = (
     "machine's state and drift between and during them; the sentinel catches part of it), so "
     "a verdict between two campaigns can be false (see the README's A/A figures). For an A/B "
     "question make both configurations modes of one plan and compare ID:A_MODE ID:B_MODE, or "
-    "repeat campaigns on each side"
+    "repeat campaigns on each side, or give compare A/A campaigns of the host (--aa)"
+)
+WITH_AA = (
+    "between two campaigns the interval adds, per workload, the spread two campaigns of one "
+    "configuration showed on the host: A/A campaigns {campaigns}, compared in consecutive "
+    "pairs (coordinator/results/between.py); a cell whose workload they lack covers "
+    "within-campaign noise only"
 )
 LEVEL = 0.95  # of the ratio's interval
 EXACT_MAX = 400  # n + m up to which the interval's rank is exact (float64 holds C(400, 200))
@@ -164,7 +176,8 @@ class Comparison:
     records_a: str = ""  # side A's records: "verified (...)" or why not
     records_b: str = ""
     no_verdict: str = ""  # why no cell has a verdict (a side's records are not verified)
-    interval_covers: str = ""  # what the 95% intervals account for (WITHIN or BETWEEN)
+    interval_covers: str = ""  # what the 95% intervals account for (WITHIN, BETWEEN, WITH_AA)
+    aa_noise: dict[str, list[str]] = field(default_factory=dict)  # host -> "workload: spread"
 
 
 def parse_side(text: str) -> tuple[str, str | None]:
@@ -250,24 +263,56 @@ def u_tail(n: int, m: int, alpha: float) -> int:
     return int(np.searchsorted(tail, alpha * (1 + 1e-12), side="right"))
 
 
-def compare(a: Side, b: Side) -> Comparison:
-    """Compare side ``b`` with side ``a`` under the study's rules (raises ``CompareRefused``)."""
+def compare(a: Side, b: Side, noise: between.Noise | None = None) -> Comparison:
+    """Compare side ``b`` with side ``a`` under the study's rules (raises ``CompareRefused``);
+    ``noise``, the host's between-campaign spreads from A/A campaigns (``aa_noise``), widens
+    the intervals between two campaigns."""
     if (a.mode is None) != (b.mode is None):
         raise CompareRefused("name a mode on both sides (ID:MODE ID:MODE) or on neither")
     pairs = host_pairs(a, b)
     _check_same_work(a, b)
     out = Comparison(a.label, b.label, notes=_notes(a, b, pairs),
                      records_a=records_text(a), records_b=records_text(b))  # fmt: skip
-    out.interval_covers = WITHIN if a.campaign.id == b.campaign.id else BETWEEN
+    one = a.campaign.id == b.campaign.id
+    if one and noise is not None:
+        raise CompareRefused(
+            f"{a.label} and {b.label} are modes of one campaign: the seeded order interleaves "
+            "them, so there is no between-campaign noise to add; compare them without --aa"
+        )
+    out.interval_covers = WITHIN if one else BETWEEN
+    if noise is not None:
+        out.interval_covers = WITH_AA.format(campaigns=", ".join(noise.campaigns))
+        for (host, cohort, workload), spread in sorted(noise.spreads.items()):
+            if (host, cohort) in pairs:
+                out.aa_noise.setdefault(host, []).append(f"{workload}: {spread.text()}")
     for host, cohort in pairs:
         ta, tb = a.table(host, cohort), b.table(host, cohort)
         assert ta is not None
         assert tb is not None
-        if a.campaign.id != b.campaign.id:  # one campaign's modes share its time: no drift
+        if not one:  # one campaign's modes share its time: no drift
             _measure_drift(out, a, b, host, cohort)
-        _compare_host(out, (a, ta), (b, tb))
-    _refuse_unverified(out, a, b)
+        _compare_host(out, (a, ta), (b, tb), noise)
+    _refuse_unverified(out, a, b, noise.unverified if noise else [])
     return out
+
+
+def aa_noise(campaigns: list[Side], a: Side) -> between.Noise:
+    """The between-campaign spreads of A/A ``campaigns`` (whole campaigns of one configuration,
+    at least two, doing the work of ``a``), compared in consecutive pairs."""
+    if len(campaigns) < 2 or any(s.mode is not None for s in campaigns):
+        raise CompareRefused(
+            "--aa takes at least two campaign ids (whole campaigns, no :MODE) of one "
+            "configuration run on the host, comma-separated; they are compared in consecutive "
+            "pairs"
+        )
+    for side in campaigns:
+        _check_same_work(a, side)
+    for x, y in itertools.pairwise(campaigns):
+        if x.campaign.id == y.campaign.id:
+            raise CompareRefused(f"--aa names campaign {x.campaign.id} twice in a row: an A/A "
+                                 "pair is two campaigns")  # fmt: skip
+    pairs = [compare(x, y) for x, y in itertools.pairwise(campaigns)]
+    return between.estimate(pairs, [s.label for s in campaigns])
 
 
 def records_text(side: Side) -> str:
@@ -275,10 +320,12 @@ def records_text(side: Side) -> str:
     return side.verdict.text if side.verdict.verified else f"unverified: {side.verdict.why}"
 
 
-def _refuse_unverified(out: Comparison, a: Side, b: Side) -> None:
-    """No verdict for any cell when a side's records are not verified: the ratio, marked."""
+def _refuse_unverified(out: Comparison, a: Side, b: Side, aa: list[str]) -> None:
+    """No verdict for any cell when a side's records, or an A/A campaign's (``aa``: why), are
+    not verified: the ratio, marked."""
     unverified = [f"{name} ({s.label}) is {records_text(s)}"
                   for name, s in (("A", a), ("B", b)) if not s.verdict.verified]  # fmt: skip
+    unverified += aa
     if not unverified:
         return
     why = out.no_verdict = "no verdict: " + "; ".join(unverified)
@@ -340,7 +387,8 @@ def _check_same_work(a: Side, b: Side) -> None:
             )
 
 
-def _compare_host(out: Comparison, a: tuple[Side, HostTables], b: tuple[Side, HostTables]) -> None:
+def _compare_host(out: Comparison, a: tuple[Side, HostTables], b: tuple[Side, HostTables],
+                  noise: between.Noise | None) -> None:  # fmt: skip
     """Append the compared and the excluded cells of one host and cohort."""
     (sa, ta), (sb, tb) = a, b
     ca, cb = sa.cells(ta), sb.cells(tb)
@@ -355,7 +403,9 @@ def _compare_host(out: Comparison, a: tuple[Side, HostTables], b: tuple[Side, Ho
             out.excluded.append(Excluded(ta.host, ta.cohort, workload, ma, mb, why))
             continue
         xa, xb = va[(ma, workload)], vb[(mb, workload)]
-        out.cells.append(_cell(ta, workload, (ma, xa), (mb, xb), drift_of(out, ta.host, workload)))
+        cell = _cell(ta, workload, (ma, xa), (mb, xb), drift_of(out, ta.host, workload),
+                     noise)  # fmt: skip
+        out.cells.append(cell)
 
 
 def drift_of(out: Comparison, host: str, workload: str) -> Drift | None:
@@ -369,13 +419,21 @@ def drift_of(out: Comparison, host: str, workload: str) -> Drift | None:
 
 
 def _cell(t: HostTables, workload: str, a: tuple[str, np.ndarray], b: tuple[str, np.ndarray],
-          drift: Drift | None) -> Cell:  # fmt: skip
-    """One compared cell from the environment task times of both sides."""
+          drift: Drift | None, noise: between.Noise | None) -> Cell:  # fmt: skip
+    """One compared cell from the environment task times of both sides; ``noise`` widens its
+    interval by the host's between-campaign spread for the workload."""
     (ma, xa), (mb, xb) = a, b
     med_a, med_b = float(np.median(xa)), float(np.median(xb))
     ratio = med_b / med_a
     interval = ratio_interval(xa, xb) if min(len(xa), len(xb)) >= CI_MIN_N else None
+    spread = None if noise is None else noise.of(t.host, t.cohort, workload)
+    if interval is not None and spread is not None and math.isfinite(interval[1]):
+        interval = between.widen(*interval, spread)
     word, why = verdict(len(xa), len(xb), ratio, interval, drift)
+    if noise is not None and interval is not None:
+        why += (f"; widened by the A/A spread of {workload} on host {t.host}, {spread.text()}"
+                if spread is not None else f"; no A/A estimate for {workload} on host "
+                f"{t.host}: within-campaign noise only")  # fmt: skip
     low, high = interval or (None, None)
     return Cell(t.host, t.cohort, workload, ma, mb, len(xa), len(xb), med_a, med_b, ratio,
                 low, high, word, why)  # fmt: skip
