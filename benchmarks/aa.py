@@ -20,8 +20,17 @@ sides pay the same helper, so the probe cells of B vs E differ by exactly the sl
 20% effect, found by the same between-campaign comparison as the A/A cells (E's other cells
 are A/A cells too; they are not counted, being compared with the same B).
 
+Each probe also has a twin, ``twin-W``: the same command mode, never sleeping. A probe and its
+twin are two modes of one campaign, interleaved by its seeded order: in A and B they are A/A
+cells inside one campaign, in E the probe carries the effect. ``compare ID:twin-W ID:probe-W``
+is the design the README recommends for an A/B question, and its rates are printed too.
+
 Targets (the issue's): at N = 10, at most 5% false verdicts over at least 24 A/A cells, and the
-20% effect detected in at least 80% of its cells.
+20% effect detected in at least 80% of its cells. They are printed for three ways of judging:
+``compare A B`` (the interval covers within-campaign noise only), ``compare A B --aa`` with the
+between-campaign spread of the other pairs' A/A campaigns (leave one pair out; from two pairs
+on), and the twins inside one campaign. The exit status is that of ``--aa`` (of the plain
+comparison with one pair): between two campaigns, compare is meant to be used with it.
 
 For scale, the same cells are also judged by the interval ``compare`` had until 2026-12-05:
 a seeded percentile bootstrap of the ratio of the two medians, each side resampled on its own,
@@ -38,6 +47,7 @@ earlier run printed them) instead of running new ones.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import subprocess
@@ -78,6 +88,7 @@ from coordinator.store.trust import HostRegistry  # noqa: E402
 WORKLOADS = ("publish", "seq-write", "create-small", "repo-inspect")
 MODES = ("native", "host", "staged")
 PROBE = "probe-"
+TWIN = "twin-"
 ROUNDS = 3
 SCALE = 0.05
 EFFECT = 0.20
@@ -87,11 +98,19 @@ FALSE_TARGET, MIN_AA_CELLS, DETECT_TARGET = 0.05, 24, 0.80
 def plan_text(name: str, environments: int, delays: dict[str, float] | None = None) -> str:
     """The plan, its probes sleeping ``delays[W]`` s a round (0 s without ``delays``)."""
     workloads = ", ".join(f'"{w}"' for w in WORKLOADS)
-    modes = [f'"{m}"' for m in MODES] + [
-        f'{{ name = "{PROBE}{w}", template = ["/usr/bin/env", "{{payload_argv}}"], '
-        f'workloads = ["{w}"], sync = ["sleep", "{(delays or {}).get(w, 0.0):.6f}"] }}'
-        for w in WORKLOADS
-    ]
+    modes = (
+        [f'"{m}"' for m in MODES]
+        + [
+            f'{{ name = "{PROBE}{w}", template = ["/usr/bin/env", "{{payload_argv}}"], '
+            f'workloads = ["{w}"], sync = ["sleep", "{(delays or {}).get(w, 0.0):.6f}"] }}'
+            for w in WORKLOADS
+        ]
+        + [
+            f'{{ name = "{TWIN}{w}", template = ["/usr/bin/env", "{{payload_argv}}"], '
+            f'workloads = ["{w}"], sync = ["sleep", "0.000000"] }}'
+            for w in WORKLOADS
+        ]
+    )
     return (
         f'name = "{name}"\nseed = 11\nscale = {SCALE}\nenvironments = {environments}\n'
         f"rounds = {ROUNDS}\nworkloads = [{workloads}]\nsentinel = true\n"
@@ -133,6 +152,20 @@ class Lab:
             store, registry = Store(self.data), HostRegistry(self.home / "hosts.json")
             self.sides[ident] = load_side(store, ident, registry)
         return self.sides[ident]
+
+    def within(self, ident: str) -> list[Cell]:
+        """Each workload's probe compared with its twin inside campaign ``ident`` (modes of one
+        campaign, interleaved by its seeded order): ``compare ID:twin-W ID:probe-W``."""
+        side = self.side(ident)
+        modes = {str(m) for t in side.analysis.tables for m in t.cells["mode"]}
+        if not {TWIN + w for w in WORKLOADS} <= modes:  # planned before the twins were
+            return []
+        found = []
+        for w in WORKLOADS:
+            twin = dataclasses.replace(side, mode=TWIN + w, label=f"{ident}:{TWIN}{w}")
+            probe = dataclasses.replace(side, mode=PROBE + w, label=f"{ident}:{PROBE}{w}")
+            found += compare(twin, probe).cells
+        return found
 
     def compare(self, a: str, b: str) -> tuple[Comparison, list[str], list[str]]:
         """B compared with A, the sentinel's ratios, and each cell's verdict by the bootstrap
@@ -206,6 +239,8 @@ class Tally:
 
     aa: list[Cell] = field(default_factory=list)
     effect: list[Cell] = field(default_factory=list)
+    within_aa: list[Cell] = field(default_factory=list)  # twin vs probe in A and B
+    within_effect: list[Cell] = field(default_factory=list)  # twin vs sleeping probe in E
     pairs: list[tuple[str, str, str | None]] = field(default_factory=list)  # A, B, E ids
     aa_pairs: list[Comparison] = field(default_factory=list)  # each pair's B vs A
     booted_aa: list[str] = field(default_factory=list)
@@ -226,8 +261,7 @@ def run_pair(lab: Lab, args: argparse.Namespace, pair: int, tally: Tally) -> Non
         a = lab.run(plan_text(f"aa-{pair}", args.environments), f"{pair}a")
         b = lab.run(plan_text(f"aa-{pair}", args.environments), f"{pair}b")
     found_aa, sentinel_lines, booted = lab.compare(a, b)
-    cells = found_aa.cells
-    tally.aa += cells
+    tally.aa += found_aa.cells
     tally.aa_pairs.append(found_aa)
     tally.pairs.append((a, b, None))
     tally.booted_aa += booted
@@ -237,19 +271,33 @@ def run_pair(lab: Lab, args: argparse.Namespace, pair: int, tally: Tally) -> Non
         tally.trended += flagged
         tally.with_sentinel += explained
         print("\n".join(lines))
-    for x in cells:
+    for x in found_aa.cells:
         if x.verdict != SAME:
             print(f"  {x.mode_a}/{x.workload}: {x.verdict} {x.ratio:.3f}x {interval(x)}")
-    if not args.effect:
-        return
+    for ident, label in ((a, f"{pair}a"), (b, f"{pair}b")):
+        found = lab.within(ident)
+        tally.within_aa += found
+        for x in found:
+            if x.verdict != SAME:
+                print(f"  {label} {x.mode_a} vs {x.mode_b}: {x.verdict} {x.ratio:.3f}x "
+                      f"{interval(x)}")  # fmt: skip
+    if args.effect:
+        run_effect(lab, (pair, a, b), stored[2] if stored else None, args.environments, tally)
+
+
+def run_effect(lab: Lab, pair: tuple[int, str, str], stored: str | None, environments: int,
+               tally: Tally) -> None:  # fmt: skip
+    """Run (or read) E of ``pair`` (its number, A, B), its probes sleeping ``EFFECT`` of B's
+    median round; compare it with B, and its probes with their twins inside it."""
     # E against B, the campaign just before it: the two sides are as close in time as an A/A
     # pair's, so the machine's own shift between them is no larger
+    n, a, b = pair
     delays = {w: EFFECT * m for w, m in probe_rounds(lab, b).items()}
     if stored:
-        e = stored[2]
-        print(f"  {pair}e: {e} (stored)")
+        e = stored
+        print(f"  {n}e: {e} (stored)")
     else:
-        e = lab.run(plan_text(f"aa-{pair}", args.environments, delays), f"{pair}e")
+        e = lab.run(plan_text(f"aa-{n}", environments, delays), f"{n}e")
     tally.pairs[-1] = (a, b, e)
     found, sentinel_lines, booted = lab.compare(b, e)
     print(f"  sentinel E / B: {', '.join(sentinel_lines) or 'none'}")
@@ -259,6 +307,10 @@ def run_pair(lab: Lab, args: argparse.Namespace, pair: int, tally: Tally) -> Non
             tally.booted_effect.append(word)
             print(f"  effect {x.workload}: sleep {delays[x.workload] * 1000:.2f} ms a round: "
                   f"{x.verdict} {x.ratio:.3f}x {interval(x)}")  # fmt: skip
+    for x in lab.within(e):
+        tally.within_effect.append(x)
+        print(f"  effect {x.workload} inside {n}e ({x.mode_a} vs {x.mode_b}): {x.verdict} "
+              f"{x.ratio:.3f}x {interval(x)}")  # fmt: skip
 
 
 def judged(lab: Lab, tally: Tally) -> tuple[list[Cell], list[Cell], list[str]]:
@@ -317,6 +369,10 @@ def summary(lab: Lab, tally: Tally, effect: bool) -> bool:
         ok = rates(aa, found if effect else None,
                    "compare A B --aa (the interval adds the other pairs' between-campaign "
                    "spread)")  # fmt: skip
+    if tally.within_aa:  # campaigns run before 2026-12-05 17:00 have no twins
+        rates(tally.within_aa, tally.within_effect if effect else None,
+              "compare ID:twin-W ID:probe-W (two modes of one campaign, interleaved by its "
+              "seeded order: the design the README recommends for an A/B question)")  # fmt: skip
     booted = tally.booted_aa
     line = (f"for scale, the bootstrap of the medians (compare's interval until 2026-12-05) on the "
             f"same cells: A/A false verdicts {sum(w in (FASTER, SLOWER) for w in booted)} of "

@@ -111,7 +111,7 @@ def test_campaign_wall_prints_its_figures() -> None:
 
 def test_aa_prints_its_figures(tmp_path: Path) -> None:
     """aa.py with one pair and the effect campaign: two A/A campaigns and E compared, the rates
-    printed beside their targets (16 A/A cells are fewer than the 24 its target asks for, so it
+    printed beside their targets (20 A/A cells are fewer than the 24 its target asks for, so it
     says MISSED and exits 1: never 2 or a traceback)."""
     require(os.geteuid() == 0, "root (cgroups)")
     done = run_script(
@@ -124,14 +124,19 @@ def test_aa_prints_its_figures(tmp_path: Path) -> None:
     assert re.search(r"^  sentinel E / B: sentinel-cpu [\d.]+x", out, flags=re.MULTILINE), out
     assert len(re.findall(r"^  effect \S+: sleep [\d.]+ ms a round: ", out, re.MULTILINE)) == 4
     plain = out.split("compare A B (the interval covers within-campaign noise only):\n", 1)[1]
-    false = r"^  A/A false verdicts: \d+ of 16 cells = [\d.]+% \(target <= 5% over >= 24 cells\): "
+    false = r"^  A/A false verdicts: \d+ of 20 cells = [\d.]+% \(target <= 5% over >= 24 cells\): "
     assert re.match(false + "MISSED", plain), out
     assert re.search(r"^  20% effect detected: \d+ of 4 cells = \d+% \(target >= 80%\): "
                      r"(met|MISSED) \(publish \d of 1, seq-write \d of 1, create-small \d of 1, "
                      r"repo-inspect \d of 1\)", plain, flags=re.MULTILINE), out  # fmt: skip
     assert "--aa" not in out  # one pair: no other pair to give the between-campaign spread
+    inside = out.split("compare ID:twin-W ID:probe-W (two modes of one campaign", 1)[1]
+    assert re.search(r"^  A/A false verdicts: \d+ of 8 cells = ", inside, re.MULTILINE), out
+    assert re.search(r"^  20% effect detected: \d of 4 cells", inside, re.MULTILINE), out
+    assert len(re.findall(r"^  effect \S+ inside 1e \(twin-\S+ vs probe-\S+\): ", out,
+                          re.MULTILINE)) == 4, out  # fmt: skip
     booted = (r"^for scale, the bootstrap of the medians \(compare's interval until 2026-12-05\) "
-              r"on the same cells: A/A false verdicts \d+ of 16, withheld \d+; 20% effect "
+              r"on the same cells: A/A false verdicts \d+ of 20, withheld \d+; 20% effect "
               r"detected in \d+ of 4$")  # fmt: skip
     assert re.search(booted, out, flags=re.MULTILINE), out
     # the same campaigns read back (--stored): the same verdicts, nothing run
@@ -147,7 +152,7 @@ def test_aa_prints_its_figures(tmp_path: Path) -> None:
                        str(tmp_path / "data"))  # fmt: skip
     spread = r"^  pair [12] judged with the spread of the other pairs: create-small [\d.]+%, "
     assert len(re.findall(spread, twice.stdout, re.MULTILINE)) == 2, twice.stdout
-    counts = [int(n) for n in re.findall(r"^  A/A false verdicts: (\d+) of 32 ", twice.stdout,
+    counts = [int(n) for n in re.findall(r"^  A/A false verdicts: (\d+) of 40 ", twice.stdout,
                                          re.MULTILINE)]  # fmt: skip
     assert len(counts) == 2 and counts[1] <= counts[0], twice.stdout
     assert "compare A B --aa (the interval adds the other pairs' between-campaign spread):" in (
