@@ -17,10 +17,10 @@ also carries the quota itself (``--cpus``, ``--cpuset-cpus``, ``--memory``, ``--
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from worker.cgroups import remove_dir
+from worker.cgroups.base import oom_kill_logged
 from worker.dockerd import Dockerd, DockerdError
 from worker.modes.base import EnvContext, HostInfo, Preflight
 from worker.modes.container import (
@@ -40,7 +40,6 @@ from worker.modes.container import (
 # container, whose own limit equals the quota and so is the one that binds.
 CLIENT_MEMORY_BYTES = 64 * 1024 * 1024
 REMOVE_WAIT_S = 30.0
-REMOVE_POLL_S = 0.1
 
 
 def ensure_image(daemon: Dockerd) -> dict[str, Any]:
@@ -120,18 +119,12 @@ class DockerMode(ContainerMode):
             remove_dir(directory)
 
     def _remove(self, name: str) -> None:
-        """``docker rm -f`` until the daemon no longer lists the container."""
-        deadline = time.monotonic() + REMOVE_WAIT_S
-        while self._exists(name):
-            try:
-                self.daemon.run("rm", "--force", "--volumes", name)
-                continue
-            except DockerdError as exc:  # e.g. removal already in progress
-                if time.monotonic() > deadline:
-                    raise DockerdError(f"container {name} is not removed: {exc}") from exc
-            time.sleep(REMOVE_POLL_S)
+        """``docker rm -f`` (through the Engine API) until the daemon no longer has it."""
+        self.daemon.remove_container(name, REMOVE_WAIT_S)
 
-    def _exists(self, name: str) -> bool:
-        """Whether the daemon lists a container called exactly ``name``."""
-        out = self.daemon.run("ps", "--all", "--quiet", f"--filter=name=^{name}$")
-        return bool(out.strip())
+    def oom_killed(self, env: EnvContext) -> bool:
+        """The daemon's OOM flag of the container (through the Engine API), or the kernel's log
+        (``ContainerMode.oom_killed`` says why both)."""
+        found = self.daemon.container(container_name(env))
+        flagged = bool(found and (found.get("State") or {}).get("OOMKilled"))
+        return flagged or oom_kill_logged(env.cgroup_path)
