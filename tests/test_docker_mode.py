@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -21,7 +22,12 @@ from tests.nsjail_probe import launch
 from worker import cgroups
 from worker.dockerd import DOCKERD_ENV, STATE_DIR_ENV, Dockerd
 from worker.modes.base import EnvContext, HostInfo
-from worker.modes.container import PAYLOAD_DIR_IN, container_name, unmanaged_cgroup_dirs
+from worker.modes.container import (
+    PAYLOAD_DIR_IN,
+    container_name,
+    create_argv,
+    unmanaged_cgroup_dirs,
+)
 from worker.modes.docker import DockerMode
 from worker.procs import close_pipes
 from workloads.catalog import DECLARED
@@ -191,6 +197,41 @@ def test_cleanup_twice_and_stale_container(dockerd: Dockerd, tmp_path: Path) -> 
         mode.cleanup(env)
         mode.cleanup(env)
         cgroup.remove()
+    assert_no_containers(dockerd)
+
+
+def test_api_create_is_the_clients_create(dockerd: Dockerd, tmp_path: Path) -> None:
+    """The container ``prepare`` creates through the Engine API is the one ``docker create``
+    with the mode's options makes (``container.create_argv``, podman's and the client's form):
+    the same config, host config and network as both containers' inspect output shows."""
+    env, cgroup = _probe_env(tmp_path, Quota(cpus="0", cpu_quota=0.5, memory_bytes=256 * MiB))
+    mode = DockerMode()
+    try:
+        mode.prepare(env)  # through the API: named container_name(env)
+        by_api = dockerd.container(container_name(env))
+        argv = create_argv(env, env.state["image_id"])
+        argv[argv.index(f"--name={container_name(env)}")] = "--name=sandbench-by-client"
+        dockerd.run(*argv)
+        by_client = dockerd.container("sandbench-by-client")
+    finally:
+        dockerd.remove_container("sandbench-by-client")
+        mode.cleanup(env)
+        cgroup.remove()
+    assert by_api is not None and by_client is not None
+    for part in ("Config", "HostConfig"):
+        a, b = dict(by_api[part]), dict(by_client[part])
+        a.pop("Hostname", None), b.pop("Hostname", None)  # generated from the id
+        assert a == b, (part, a, b)
+    assert by_api["HostConfig"]["NanoCpus"] == 500_000_000  # the quota, not a default
+    assert by_api["HostConfig"]["Memory"] == by_api["HostConfig"]["MemorySwap"] == 256 * MiB
+    assert by_api["Config"]["OpenStdin"] and by_api["Config"]["StdinOnce"]
+
+    def mounts(found: dict[str, Any]) -> list[dict[str, Any]]:
+        return sorted(found["Mounts"], key=lambda m: str(m["Destination"]))  # in no fixed order
+
+    assert mounts(by_api) == mounts(by_client)
+    assert set(by_api["NetworkSettings"]["Networks"]) == {"none"}
+    assert set(by_client["NetworkSettings"]["Networks"]) == {"none"}
     assert_no_containers(dockerd)
 
 

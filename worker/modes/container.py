@@ -103,13 +103,19 @@ def unmanaged_cgroup_dirs(cgroup_path: str) -> list[Path]:
     return [point / rel for point in sorted(points) if rel and (point / rel).is_dir()]
 
 
-def container_mounts(env: EnvContext) -> list[str]:
-    """``--mount`` options of an environment's container: toolset, workspace, payload."""
+def container_binds(env: EnvContext) -> list[tuple[str, str, bool]]:
+    """(source, target, read-only) of an environment's container: toolset, workspace, payload."""
     return [
-        *toolset_mounts(),
-        f"--mount=type=bind,src={env.workspace},dst={WORKSPACE_IN}",
-        f"--mount=type=bind,src={env.payload_dir},dst={PAYLOAD_DIR_IN},readonly",
+        *((d, d, True) for d in TOOLSET_DIRS if os.path.exists(d)),
+        (str(env.workspace), WORKSPACE_IN, False),
+        (str(env.payload_dir), PAYLOAD_DIR_IN, True),
     ]
+
+
+def container_mounts(env: EnvContext) -> list[str]:
+    """``--mount`` options of an environment's container (``container_binds``)."""
+    return [f"--mount=type=bind,src={src},dst={dst}{',readonly' if ro else ''}"
+            for src, dst, ro in container_binds(env)]  # fmt: skip
 
 
 def payload_in(env: EnvContext) -> str:

@@ -27,12 +27,11 @@ from worker.modes.container import (
     LABEL_KEY,
     WORKSPACE_IN,
     ContainerMode,
-    container_mounts,
+    container_binds,
     container_name,
     image_tag,
     import_image,
     payload_in,
-    quota_options,
     unmanaged_cgroup_dirs,
 )
 
@@ -40,6 +39,11 @@ from worker.modes.container import (
 # container, whose own limit equals the quota and so is the one that binds.
 CLIENT_MEMORY_BYTES = 64 * 1024 * 1024
 REMOVE_WAIT_S = 30.0
+# what the client sends empty (the daemon would store null): the same inspect output either way
+CLIENT_EMPTY: dict[str, Any] = {
+    "BlkioWeightDevice": [], "Devices": [], "Dns": [], "DnsOptions": [], "DnsSearch": [],
+    "PortBindings": {}, "ConsoleSize": [0, 0],
+}  # fmt: skip
 
 
 def ensure_image(daemon: Dockerd) -> dict[str, Any]:
@@ -47,18 +51,38 @@ def ensure_image(daemon: Dockerd) -> dict[str, Any]:
     return import_image(daemon, image_tag(), "docker")
 
 
-def create_argv(env: EnvContext, image: str, runtime: str | None = None) -> list[str]:
-    """``docker create`` arguments of the environment's container (``runtime``: an OCI runtime
-    registered with the daemon, e.g. runsc; default the daemon's own, runc)."""
-    return [
-        "create", "--interactive", f"--name={container_name(env)}",
-        f"--label={LABEL_KEY}={env.spec.key()}",
-        *([f"--runtime={runtime}"] if runtime else []),
-        "--network=none", "--log-driver=none", f"--cgroup-parent={env.cgroup_path}",
-        *quota_options(env.spec.quota), *container_mounts(env), f"--workdir={WORKSPACE_IN}",
-        image,
-        *env.payload_argv(WORKSPACE_IN, payload_in(env)),
-    ]  # fmt: skip
+def create_body(env: EnvContext, image: str, runtime: str | None = None) -> dict[str, Any]:
+    """The environment's container as the Engine API's ``ContainerCreate`` takes it: what
+    ``docker create --interactive --network=none --log-driver=none --cgroup-parent=...
+    --cpus --cpuset-cpus --memory --memory-swap --mount... --workdir IMAGE ARGV`` sends
+    (``tests/test_docker_mode.py`` compares the two containers' inspect output). ``runtime``:
+    an OCI runtime registered with the daemon, e.g. runsc; default the daemon's own, runc."""
+    quota = env.spec.quota
+    mounts = [{"Type": "bind", "Source": str(src), "Target": dst, "ReadOnly": ro}
+              for src, dst, ro in container_binds(env)]  # fmt: skip
+    host = {
+        "NetworkMode": "none",
+        "LogConfig": {"Type": "none", "Config": {}},
+        "CgroupParent": env.cgroup_path,
+        "NanoCpus": round(quota.cpu_quota * 1e9),
+        "CpusetCpus": quota.cpus,
+        "Memory": quota.memory_bytes,
+        "MemorySwap": quota.memory_bytes + quota.swap_bytes,
+        "Mounts": mounts,
+        "RestartPolicy": {"Name": "no"},
+        **({"Runtime": runtime} if runtime else {}),
+        **CLIENT_EMPTY,
+    }
+    return {
+        "Image": image,
+        "Cmd": env.payload_argv(WORKSPACE_IN, payload_in(env)),
+        "WorkingDir": WORKSPACE_IN,
+        "Labels": {LABEL_KEY: env.spec.key()},
+        "AttachStdin": True, "AttachStdout": True, "AttachStderr": True,
+        "OpenStdin": True, "StdinOnce": True, "Tty": False,
+        "HostConfig": host,
+        "NetworkingConfig": {"EndpointsConfig": {"none": {}}},
+    }  # fmt: skip
 
 
 class DockerMode(ContainerMode):
@@ -103,8 +127,8 @@ class DockerMode(ContainerMode):
         image = self._ensure_image()
         self._remove(container_name(env))  # a stale container of a crashed attempt
         env.state["container"] = container_name(env)
-        argv = create_argv(env, image["image_id"], self.runtime)
-        env.state["container_id"] = self.daemon.run(*argv).strip()
+        body = create_body(env, image["image_id"], self.runtime)
+        env.state["container_id"] = self.daemon.create_container(container_name(env), body)
         env.state["image_id"] = image["image_id"]
 
     def launcher(self, env: EnvContext) -> list[str]:
