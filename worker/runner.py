@@ -331,6 +331,7 @@ class _Run:
                 self._launch_and_drive()
             self._account()
             self.release_next()
+            self._account_mode()
             if self.seen.oom:  # the quota was exceeded, even if the task recovered
                 raise Failed("oom", "a process of the environment was OOM-killed")
             self._check_cpu()
@@ -339,6 +340,7 @@ class _Run:
         except Failed as failure:
             self._account()
             self.release_next()
+            self._account_mode()
             if failure.reason not in ("oracle-mismatch", "workspace-modified"):
                 self._check_original()
             return self._classify(failure)
@@ -571,17 +573,18 @@ class _Run:
         if self.cgroup is not None:
             self.seen.cpu_s = self.cgroup.cpu_seconds()
             self.seen.peak_memory_bytes = self.cgroup.peak_memory()
-            self.seen.oom = self.cgroup.oom_killed() or self._mode_oom()
+            self.seen.oom = self.cgroup.oom_killed()
 
-    def _mode_oom(self) -> bool:
-        """The mode's own OOM verdict (a sandbox with its own memory cgroup), before cleanup."""
-        if self.env is None or not self.prepared:
-            return False
+    def _account_mode(self) -> None:
+        """Add the mode's own OOM verdict (a sandbox or container with its own memory cgroup),
+        before cleanup removes it; asked after ``release_next``, so a container engine's answer
+        (a ``podman inspect``: tens of ms) overlaps the next environment's preparation."""
+        if self.env is None or not self.prepared or self.seen.oom:
+            return
         try:
-            return self.mode.oom_killed(self.env)
+            self.seen.oom = self.mode.oom_killed(self.env)
         except Exception as exc:  # noqa: BLE001 -- a verdict we cannot get is noted, never a crash
             self.problems.append(f"mode OOM check: {exc}")
-            return False
 
     def _note_payload_cpu(self, done: Message) -> None:
         """Keep the CPU time the payload reported for itself at its done line."""
