@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import psutil
 import pytest
 
 from contract.records import NOT_RUN_RULE, EnvironmentRecord
@@ -71,6 +72,11 @@ def test_no_preparation_or_cleanup_inside_any_drive(tmp_path: Path) -> None:
             assert spans(record, "prepare")[0][0] < spans(before, "cleanup")[-1][1]
             ahead += 1
     assert ahead >= len(ran) // 2, f"only {ahead} of {len(ran)} prepared ahead"
+    # and so was its launcher's shim (its cgroup join off the critical path): the marker still
+    # follows the join, and nothing of it lies in another drive (the intrusions above)
+    for record in ran:
+        if (record.model_extra or {}).get("overlapped_s", 0) > 0:
+            assert record.provenance.get("shim_started_ahead") is True, record.key()
     # The overlap's seconds are counted once: the split still adds up (parts <= wall).
     line = next(x for x in out.stdout.splitlines() if x.startswith("wall time "))
     assert "preparation done ahead, beside the environment before: " in line
@@ -100,6 +106,10 @@ def test_an_environment_prepared_ahead_and_then_skipped_leaves_nothing(tmp_path:
     records = sorted(Store(lab.data).records(_campaign_id(out.stdout)), key=lambda r: r.order_index)
     assert [r.reason for r in records] == ["no-ready", NOT_RUN_RULE, NOT_RUN_RULE]
     assert _leftover_environments(lab) == []
+    # the skipped one's launcher shim had started (ahead of a marker that never came): gone
+    left = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+            if str(lab.work) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
+    assert left == []
     if trash.defers(lab.work):  # removed into the trash: two environments were prepared
         assert trash.held(lab.work) == 2
     else:  # deleted at once: nothing to count them by

@@ -15,7 +15,7 @@ import pytest
 from contract.errors import SandbenchError
 from contract.records import EnvironmentRecord, EnvironmentSpec
 from worker import cgroups
-from worker.procs import spawn_marked
+from worker.procs import close_pipes, spawn_marked, start_shim
 from worker.runner import run_environment
 from worker.workroot import remove_tree
 
@@ -132,6 +132,30 @@ def test_spawn_marked_joins_before_the_marker() -> None:
         assert group.path in out.decode()
         with pytest.raises(FileNotFoundError):
             spawn_marked(["/nonexistent/launcher"], group)
+    finally:
+        group.remove()
+
+
+def test_a_shim_started_ahead_joins_then_waits_and_can_be_abandoned() -> None:
+    """``start_shim`` alone: the shim joins the cgroup on its own and waits there, running
+    nothing, until released (the marker then follows the join, as in one step); abandoned
+    unreleased, it is gone and its cgroup empty (an environment prepared ahead, then skipped)."""
+    group = cgroups.create(cgroups.cgroup_name("test-shim-ahead"), None)
+    try:
+        shim = start_shim(["/bin/cat", "/proc/self/cgroup"], group, stdout=PIPE)
+        deadline = time.monotonic() + 10
+        while not group.pids() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert group.pids() == [shim.proc.pid] and shim.proc.poll() is None  # joined, waiting
+        before = time.monotonic_ns()
+        proc, marker, _ = shim.release()
+        out, _ = proc.communicate(timeout=10)
+        assert proc.returncode == 0 and before <= marker <= time.monotonic_ns()
+        assert group.path in out.decode()
+        other = start_shim(["/bin/true"], group, stdout=PIPE)
+        other.abandon()
+        assert other.proc.returncode is not None and group.pids() == []
+        close_pipes(other.proc)
     finally:
         group.remove()
 

@@ -43,7 +43,9 @@ memory = "1GiB"
 # Measured on each run, or signed per record: never equal between two runs of the same spec.
 MEASURED = ("started_at", "ready_ms", "cpu_s", "payload_cpu_s", "peak_memory_bytes", "wall_s",
             "phases", "steps", "spans", "signature")  # fmt: skip
-MEASURED_PROVENANCE = ("prejoin_cpu_s",)  # the launcher's CPU time before it joined the cgroup
+# the launcher's CPU time before it joined the cgroup; whether its shim started ahead of the
+# marker (the embedded run's, beside the environment before: a fleet worker knows no next one)
+MEASURED_PROVENANCE = ("prejoin_cpu_s", "shim_started_ahead")
 # the fleet's own timing and redelivery counts; each store's link (its own chain and key); the
 # preparation the embedded run does ahead (a fleet worker knows no next environment)
 PER_TRANSPORT = ("fleet", "chain", "overlapped_s")

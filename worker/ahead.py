@@ -80,6 +80,13 @@ class Ahead:
         if (pending := self._pending) is not None:
             pending.done.wait()
 
+    def spawn(self) -> None:
+        """Start the launcher's shim of what was prepared ahead (``Following.spawn``: called
+        on the thread that will drive it, once its preparation has ended)."""
+        pending = self._pending
+        if pending is not None and pending.done.is_set() and pending.prepared is not None:
+            pending.prepared.start_shim()
+
     def take(self, spec: EnvironmentSpec) -> Prepared | None:
         """``spec``'s environment if it was prepared ahead (waiting for its preparation to end),
         with the seconds of it that overlapped what came before; else None (anything else

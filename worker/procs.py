@@ -145,27 +145,57 @@ def spawn_marked(argv: Sequence[str], cgroup: Cgroup | None = None, **popen: Any
     the teardown of a forked copy of this (large) process lands in Ready: what follows the
     marker is a small shell's ``read`` and ``exec``, the same in every transport. The caller's
     thread stays the child's parent (``PR_SET_PDEATHSIG``, as bwrap's ``--die-with-parent``
-    uses, fires when the parent *thread* exits).
+    uses, fires when the parent *thread* exits). ``start_shim`` then ``Shim.release`` is the
+    same in two steps, so the shim's start and join can overlap other unmeasured work.
     """
-    launcher = _resolve(argv[0], popen.get("env"))
-    joined_r, joined_w = os.pipe()
-    go_r, go_w = os.pipe()
-    procs_files = [str(path) for path in cgroup.join_paths()] if cgroup is not None else []
-    shim = [SHELL, "-c", SHIM, "shim", str(joined_w), str(go_r), *procs_files, "--",
-            launcher, *argv[1:]]  # fmt: skip
-    try:
-        proc = subprocess.Popen(shim, start_new_session=True, pass_fds=(joined_w, go_r), **popen)
-        os.close(joined_w)
-        os.close(go_r)
-        joined_w = go_r = -1
-        said = _wait_joined(joined_r, proc)
-        marker = time.monotonic_ns()
-        os.write(go_w, b"g\n")
-    finally:
-        for fd in (joined_r, joined_w, go_r, go_w):
+    return start_shim(argv, cgroup, **popen).release()
+
+
+class Shim:
+    """A launcher's shim started (joining, or joined to, its cgroup), not released yet."""
+
+    def __init__(self, argv: Sequence[str], cgroup: Cgroup | None, **popen: Any) -> None:
+        launcher = _resolve(argv[0], popen.get("env"))
+        self._joined_r, joined_w = os.pipe()
+        go_r, self._go_w = os.pipe()
+        procs_files = [str(path) for path in cgroup.join_paths()] if cgroup is not None else []
+        shim = [SHELL, "-c", SHIM, "shim", str(joined_w), str(go_r), *procs_files, "--",
+                launcher, *argv[1:]]  # fmt: skip
+        try:
+            self.proc = subprocess.Popen(shim, start_new_session=True, pass_fds=(joined_w, go_r),
+                                         **popen)  # fmt: skip
+        except BaseException:
+            self._close()
+            raise
+        finally:
+            os.close(joined_w)
+            os.close(go_r)
+
+    def release(self) -> Spawned:
+        """Wait until the shim has joined, take the marker, let it exec the launcher."""
+        try:
+            said = _wait_joined(self._joined_r, self.proc)
+            marker = time.monotonic_ns()
+            os.write(self._go_w, b"g\n")
+        finally:
+            self._close()
+        return Spawned(self.proc, marker, _own_cpu_s(said))
+
+    def abandon(self) -> None:
+        """Kill the shim unreleased (its environment will not run)."""
+        self._close()  # its read of the go pipe ends: it exits without exec
+        kill_process(self.proc)
+
+    def _close(self) -> None:
+        for fd in (self._joined_r, self._go_w):
             if fd >= 0:
                 os.close(fd)
-    return Spawned(proc, marker, _own_cpu_s(said))
+        self._joined_r = self._go_w = -1
+
+
+def start_shim(argv: Sequence[str], cgroup: Cgroup | None = None, **popen: Any) -> Shim:
+    """``spawn_marked``'s first step: the shim spawned, joining ``cgroup`` on its own."""
+    return Shim(argv, cgroup, **popen)
 
 
 def _resolve(program: str, env: dict[str, str] | None) -> str:
