@@ -56,6 +56,7 @@ LABELS = ("--label=sandbench=1",)  # every container sandbench creates, for a re
 CONMON_PIDFILE = "conmon.pid"  # in the environment's directory, for a reaper to find
 CONTAINER_PIDFILE = "container.pid"
 LOCAL_REGISTRY = "localhost"  # where podman puts imported images
+NAME_IN_USE = "is already in use"  # podman create's words for a name taken
 REMOVE_WAIT_S = 30.0
 REMOVE_POLL_S = 0.1
 
@@ -151,9 +152,15 @@ class PodmanMode(ContainerMode):
         self.store.setup()
         image = self._ensure_image()
         name = container_name(env)
-        self._remove(name)  # a stale container of a crashed attempt
         env.state["container"] = name
-        env.state["container_id"] = self.store.run(*create_argv(env, image["image_id"])).strip()
+        try:  # a podman command costs 30-40 ms: no check for a stale container before it
+            created = self.store.run(*create_argv(env, image["image_id"]))
+        except PodmanError as exc:
+            if NAME_IN_USE not in str(exc):
+                raise
+            self._remove(name)  # a stale container of a crashed attempt
+            created = self.store.run(*create_argv(env, image["image_id"]))
+        env.state["container_id"] = created.strip()
         env.state["bundle"] = self.store.run("inspect", "--format", "{{.StaticDir}}", name).strip()
         env.state["image_id"] = image["image_id"]
 
