@@ -319,7 +319,7 @@ def judged(lab: Lab, tally: Tally) -> tuple[list[Cell], list[Cell], list[str]]:
     A/A cells, its effect cells, and the spreads used, one line per pair."""
     aa, effect, lines = [], [], []
     for i, (a, b, e) in enumerate(tally.pairs):
-        others = [c for j, c in enumerate(tally.aa_pairs) if j != i]
+        others = [c.cells for j, c in enumerate(tally.aa_pairs) if j != i]
         noise = between.estimate(others, [f"pairs other than {i + 1}"])
         aa += compare(lab.side(a), lab.side(b), noise).cells
         if e is not None:

@@ -32,7 +32,6 @@ from coordinator.results.compare import (
     WITHHELD,
     WITHIN,
     Cell,
-    Comparison,
     Drift,
     ratio_interval,
     u_tail,
@@ -243,6 +242,8 @@ def test_aa_campaigns_widen_the_interval_between_campaigns(campaigns: Campaigns)
         assert x["verdict"] == expected and "widened by the A/A spread of stat-tree" in x["why"]
     text = campaigns.compare("A", "B", "--aa", both)
     assert "A/A spread between campaigns on host lab-test: stat-tree: sd " in text, text
+    for side in ("A", "B"):  # here both are: said, since a real B among them would hide it
+        assert f"note: {campaigns.ids[side]} is one of the A/A campaigns" in text, text
 
 
 def test_aa_refusals(campaigns: Campaigns) -> None:
@@ -272,11 +273,9 @@ def test_between_estimate_and_widen_by_hand() -> None:
                     low, high, SAME, "")  # fmt: skip
 
     wide = math.exp(2 * between.Z * 0.05)  # an interval whose se is 0.05
-    pairs = [Comparison("x", "y", cells=[cell("w", 1.2, 1.2 / math.sqrt(wide),
-                                              1.2 * math.sqrt(wide)),
-                                         cell("v", 1.0, 0.5, 2.0)]),
-             Comparison("y", "z", cells=[cell("w", 1 / 1.1, 0.8, 0.8 * wide),
-                                         cell("w", 1.0, 0.0, math.inf)])]  # fmt: skip
+    pairs = [[cell("w", 1.2, 1.2 / math.sqrt(wide), 1.2 * math.sqrt(wide)),
+              cell("v", 1.0, 0.5, 2.0)],
+             [cell("w", 1 / 1.1, 0.8, 0.8 * wide), cell("w", 1.0, 0.0, math.inf)]]  # fmt: skip
     noise = between.estimate(pairs, ["x", "y", "z"])
     w = noise.of("h", "default", "w")
     assert w is not None and (w.cells, w.pairs) == (2, 2)  # the cell without an interval: out

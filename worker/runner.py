@@ -426,7 +426,8 @@ class _Run:
         cgroup is removed, since a cgroup's removal and another's join each wait for an RCU
         grace period and one would wait for the other (measured: 4 s more cgroup removal over
         the smoke campaign when the shim started before it)."""
-        if self._started_next and self.following is not None:
+        stopped = self.stop is not None and self.stop.is_set()
+        if self._started_next and self.following is not None and not stopped:
             self.following.spawn()
 
     def release_next(self) -> None:

@@ -27,12 +27,20 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from coordinator.results.compare import Comparison
+from typing import Protocol
 
 Z = NormalDist().inv_cdf(0.975)  # the intervals are 95% ones
+
+
+class Ratio(Protocol):
+    """One compared cell as this module reads it (``compare.Cell`` is one)."""
+
+    host: str
+    cohort: str
+    workload: str
+    ratio: float
+    low: float | None
+    high: float | None
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,7 @@ class Spread:
 class Noise:
     """The A/A campaigns' between-campaign spreads, per (host, cohort, workload)."""
 
-    campaigns: list[str]  # the A/A campaigns' labels, in the order given
+    campaigns: list[str]  # the A/A campaigns' ids, in the order given
     spreads: dict[tuple[str, str, str], Spread] = field(default_factory=dict)
     unverified: list[str] = field(default_factory=list)  # "X is unverified: why"
 
@@ -62,15 +70,15 @@ class Noise:
         return self.spreads.get((host, cohort, workload))
 
 
-def estimate(pairs: Sequence[Comparison], campaigns: list[str]) -> Noise:
-    """The spreads from compared A/A pairs (each a ``Comparison`` of two campaigns of one
-    configuration): per (host, cohort, workload), over the cells with an interval."""
+def estimate(pairs: Sequence[Sequence[Ratio]], campaigns: list[str],
+             unverified: Sequence[str] = ()) -> Noise:  # fmt: skip
+    """The spreads from the compared cells of A/A pairs (each pair two campaigns of one
+    configuration): per (host, cohort, workload), over the cells with an interval;
+    ``unverified``, why a pair's records are not verified (no verdict may rest on them)."""
     terms: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     seen: dict[tuple[str, str, str], set[int]] = {}
-    unverified = []
-    for i, c in enumerate(pairs):
-        unverified += [f"A/A pair {c.a} vs {c.b}: {c.no_verdict}"] if c.no_verdict else []
-        for x in c.cells:
+    for i, cells in enumerate(pairs):
+        for x in cells:
             if x.low is None or x.high is None or not math.isfinite(x.high) or x.low <= 0:
                 continue  # no interval (N < 10): no standard error to subtract
             se = (math.log(x.high) - math.log(x.low)) / (2 * Z)
@@ -81,7 +89,7 @@ def estimate(pairs: Sequence[Comparison], campaigns: list[str]) -> Noise:
     for key, found in terms.items():
         excess = sum(r2 for r2, _ in found) / len(found) - sum(s2 for _, s2 in found) / len(found)
         spreads[key] = Spread(math.sqrt(max(0.0, excess)), len(found), len(seen[key]))
-    return Noise(campaigns, spreads, unverified)
+    return Noise(campaigns, spreads, list(unverified))
 
 
 def widen(low: float, high: float, spread: Spread) -> tuple[float, float]:

@@ -282,6 +282,9 @@ def compare(a: Side, b: Side, noise: between.Noise | None = None) -> Comparison:
     out.interval_covers = WITHIN if one else BETWEEN
     if noise is not None:
         out.interval_covers = WITH_AA.format(campaigns=", ".join(noise.campaigns))
+        out.notes += [f"{side.label} is one of the A/A campaigns: its difference from the others "
+                      "counts as between-campaign noise, not as an effect"
+                      for side in (a, b) if side.campaign.id in noise.campaigns]  # fmt: skip
         for (host, cohort, workload), spread in sorted(noise.spreads.items()):
             if (host, cohort) in pairs:
                 out.aa_noise.setdefault(host, []).append(f"{workload}: {spread.text()}")
@@ -312,7 +315,9 @@ def aa_noise(campaigns: list[Side], a: Side) -> between.Noise:
             raise CompareRefused(f"--aa names campaign {x.campaign.id} twice in a row: an A/A "
                                  "pair is two campaigns")  # fmt: skip
     pairs = [compare(x, y) for x, y in itertools.pairwise(campaigns)]
-    return between.estimate(pairs, [s.label for s in campaigns])
+    unverified = [f"A/A pair {c.a} vs {c.b}: {c.no_verdict}" for c in pairs if c.no_verdict]
+    return between.estimate([c.cells for c in pairs], [s.campaign.id for s in campaigns],
+                            unverified)  # fmt: skip
 
 
 def records_text(side: Side) -> str:
