@@ -471,8 +471,8 @@ class _Run:
         self.seen.provenance["shim_started_ahead"] = self.shim is not None
         try:  # the marker t0: just before the launcher's exec, after the cgroup join
             shim, self.shim = self.shim or self._shim(argv), None
-            self.proc = shim.proc
-            self.proc, t0, self.seen.prejoin_cpu_s = shim.release()
+            self.proc = shim.proc  # killed at cleanup even if its release fails
+            _, t0, self.seen.prejoin_cpu_s = shim.release()
         except (OSError, subprocess.SubprocessError) as exc:
             raise Failed("launcher-error", f"cannot start {argv[0]}: {exc}") from exc
         self.seen.provenance["prejoin_cpu_s"] = self.seen.prejoin_cpu_s

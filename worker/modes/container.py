@@ -71,11 +71,20 @@ def image_root_tar() -> bytes:
     return buf.getvalue()
 
 
+def toolset_binds() -> list[tuple[str, str, bool]]:
+    """(source, target, read-only) of the host's system directories, bound read-only."""
+    return [(d, d, True) for d in TOOLSET_DIRS if os.path.exists(d)]
+
+
+def mount_options(binds: list[tuple[str, str, bool]]) -> list[str]:
+    """``--mount`` options of ``binds`` (source, target, read-only)."""
+    return [f"--mount=type=bind,src={src},dst={dst}{',readonly' if ro else ''}"
+            for src, dst, ro in binds]  # fmt: skip
+
+
 def toolset_mounts() -> list[str]:
     """``--mount`` options binding the host's system directories read-only."""
-    return [
-        f"--mount=type=bind,src={d},dst={d},readonly" for d in TOOLSET_DIRS if os.path.exists(d)
-    ]
+    return mount_options(toolset_binds())
 
 
 def quota_options(quota: Quota) -> list[str]:
@@ -106,7 +115,7 @@ def unmanaged_cgroup_dirs(cgroup_path: str) -> list[Path]:
 def container_binds(env: EnvContext) -> list[tuple[str, str, bool]]:
     """(source, target, read-only) of an environment's container: toolset, workspace, payload."""
     return [
-        *((d, d, True) for d in TOOLSET_DIRS if os.path.exists(d)),
+        *toolset_binds(),
         (str(env.workspace), WORKSPACE_IN, False),
         (str(env.payload_dir), PAYLOAD_DIR_IN, True),
     ]
@@ -114,8 +123,7 @@ def container_binds(env: EnvContext) -> list[tuple[str, str, bool]]:
 
 def container_mounts(env: EnvContext) -> list[str]:
     """``--mount`` options of an environment's container (``container_binds``)."""
-    return [f"--mount=type=bind,src={src},dst={dst}{',readonly' if ro else ''}"
-            for src, dst, ro in container_binds(env)]  # fmt: skip
+    return mount_options(container_binds(env))
 
 
 def payload_in(env: EnvContext) -> str:

@@ -38,7 +38,6 @@ from worker.modes.container import (
 # Room in the environment's memory cgroup for the docker client (~11 MB resident) beside the
 # container, whose own limit equals the quota and so is the one that binds.
 CLIENT_MEMORY_BYTES = 64 * 1024 * 1024
-REMOVE_WAIT_S = 30.0
 # what the client sends empty (the daemon would store null): the same inspect output either way
 CLIENT_EMPTY: dict[str, Any] = {
     "BlkioWeightDevice": [], "Devices": [], "Dns": [], "DnsOptions": [], "DnsSearch": [],
@@ -144,7 +143,7 @@ class DockerMode(ContainerMode):
 
     def _remove(self, name: str) -> None:
         """``docker rm -f`` (through the Engine API) until the daemon no longer has it."""
-        self.daemon.remove_container(name, REMOVE_WAIT_S)
+        self.daemon.remove_container(name)
 
     def oom_killed(self, env: EnvContext) -> bool:
         """The daemon's OOM flag of the container (through the Engine API), or the kernel's log
