@@ -265,12 +265,17 @@ def test_timed_out_container_is_gone(
 def test_cleanup_twice_and_stale_container(
     store: Podman, image_layers: set[str], tmp_path: Path
 ) -> None:
-    """prepare replaces a stale container of the same environment; cleanup is idempotent."""
+    """prepare replaces a stale container of the same environment; cleanup is idempotent. The
+    bundle directory prepare computes is the one podman names (its ``StaticDir``)."""
     env, cgroup = _probe_env(tmp_path, Quota(), PROBE)
     mode = PodmanMode(store)
     try:
         mode.prepare(env)
         first = env.state["container_id"]
+        named = store.run("inspect", "--format", "{{.StaticDir}}", container_name(env)).strip()
+        assert env.state["bundle"] == named
+        assert store.static_dir(first) == Path(named)
+        assert store.static_dir("0" * 64) is None  # no such container: inspect decides
         mode.prepare(env)
         assert env.state["container_id"] != first
         assert store.containers() == [container_name(env)]

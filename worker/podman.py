@@ -34,6 +34,7 @@ PODMAN_ENV = "SANDBENCH_PODMAN"
 RUNTIME_ENV = "SANDBENCH_PODMAN_RUNTIME"
 DEFAULT_PODMAN = "/usr/bin/podman"
 CLIENT_TIMEOUT_S = 120.0
+STORAGE_DRIVER = "overlay"
 # podman 4.3 lowers its own RLIMIT_NPROC to 32768 before it starts conmon, and the OCI runtime
 # may only lower limits (no CAP_SYS_RESOURCE needed): a container's nproc must not exceed it.
 PODMAN_NPROC_CAP = 32768
@@ -48,7 +49,7 @@ conmon_env_vars = [{conmon_env}]
 STORAGE_CONF = """\
 # Written by sandbench (CONTAINERS_STORAGE_CONF): the private store, no host storage options.
 [storage]
-driver = "overlay"
+driver = "{driver}"
 graphroot = "{root}"
 runroot = "{run}"
 """
@@ -110,9 +111,16 @@ class Podman:
         s = self.state_dir
         return [
             f"--root={s / 'root'}", f"--runroot={s / 'run'}", f"--tmpdir={s / 'tmp'}",
-            "--storage-driver=overlay", "--cgroup-manager=cgroupfs", "--events-backend=file",
+            f"--storage-driver={STORAGE_DRIVER}", "--cgroup-manager=cgroupfs", "--events-backend=file",
             f"--runtime={self.runtime_path()}", f"--hooks-dir={s / 'hooks.d'}",
         ]  # fmt: skip
+
+    def static_dir(self, container_id: str) -> Path | None:
+        """Where this store keeps a container's own files (podman's ``StaticDir``): containers/
+        storage's ``<graphroot>/<driver>-containers/<id>/userdata``, the directory ``create``
+        made; None where it is not there (another layout: ask ``podman inspect``)."""
+        path = self.state_dir / "root" / f"{STORAGE_DRIVER}-containers" / container_id / "userdata"
+        return path if container_id.isalnum() and path.is_dir() else None
 
     def environ(self) -> dict[str, str]:
         """The variables that point podman at this store's configuration files only."""
@@ -165,7 +173,7 @@ class Podman:
             (s / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
         conmon_env = ", ".join(f'"{k}={v}"' for k, v in self._conmon_env().items())
         _write_if_changed(s / "containers.conf", CONTAINERS_CONF.format(conmon_env=conmon_env))
-        storage = STORAGE_CONF.format(root=s / "root", run=s / "run")
+        storage = STORAGE_CONF.format(driver=STORAGE_DRIVER, root=s / "root", run=s / "run")
         _write_if_changed(s / "storage.conf", storage)
 
     def _conmon_env(self) -> dict[str, str]:
