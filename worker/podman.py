@@ -111,8 +111,9 @@ class Podman:
         s = self.state_dir
         return [
             f"--root={s / 'root'}", f"--runroot={s / 'run'}", f"--tmpdir={s / 'tmp'}",
-            f"--storage-driver={STORAGE_DRIVER}", "--cgroup-manager=cgroupfs", "--events-backend=file",
-            f"--runtime={self.runtime_path()}", f"--hooks-dir={s / 'hooks.d'}",
+            f"--storage-driver={STORAGE_DRIVER}", "--cgroup-manager=cgroupfs",
+            "--events-backend=file", f"--runtime={self.runtime_path()}",
+            f"--hooks-dir={s / 'hooks.d'}",
         ]  # fmt: skip
 
     def static_dir(self, container_id: str) -> Path | None:
