@@ -162,9 +162,9 @@ class PodmanMode(ContainerMode):
             created = self.store.run(*create_argv(env, image["image_id"]))
         env.state["container_id"] = container_id = created.strip()
         static = self.store.static_dir(container_id)  # a podman inspect costs another 35 ms
-        env.state["bundle"] = str(static) if static is not None else self.store.run(
-            "inspect", "--format", "{{.StaticDir}}", name
-        ).strip()
+        if static is None:
+            static = Path(self.store.run("inspect", "--format", "{{.StaticDir}}", name).strip())
+        env.state["bundle"] = str(static)
         env.state["image_id"] = image["image_id"]
 
     def launcher(self, env: EnvContext) -> list[str]:
