@@ -93,10 +93,18 @@ ROUNDS = 3
 SCALE = 0.05
 EFFECT = 0.20
 FALSE_TARGET, MIN_AA_CELLS, DETECT_TARGET = 0.05, 24, 0.80
+SEED = 11  # pair 1's; pair p's is SEED + p - 1
 
 
-def plan_text(name: str, environments: int, delays: dict[str, float] | None = None) -> str:
-    """The plan, its probes sleeping ``delays[W]`` s a round (0 s without ``delays``)."""
+def plan_text(
+    name: str, environments: int, pair: int, delays: dict[str, float] | None = None
+) -> str:
+    """The plan of pair ``pair``, its probes sleeping ``delays[W]`` s a round (0 s without
+    ``delays``). Each pair has a seed of its own (``SEED + pair - 1``), shared by its A, B and
+    E: the campaigns compared with each other have one run order and the same fixtures, and the
+    twins of different pairs are interleaved by different orders (with one seed for all, every
+    campaign repeated one assignment of slots to twin and probe, and the twins' false verdicts
+    over many campaigns estimated that one draw rather than the test)."""
     workloads = ", ".join(f'"{w}"' for w in WORKLOADS)
     modes = (
         [f'"{m}"' for m in MODES]
@@ -112,7 +120,8 @@ def plan_text(name: str, environments: int, delays: dict[str, float] | None = No
         ]
     )
     return (
-        f'name = "{name}"\nseed = 11\nscale = {SCALE}\nenvironments = {environments}\n'
+        f'name = "{name}"\nseed = {SEED + pair - 1}\nscale = {SCALE}\n'
+        f"environments = {environments}\n"
         f"rounds = {ROUNDS}\nworkloads = [{workloads}]\nsentinel = true\n"
         f"modes = [{', '.join(modes)}]\n"
     )
@@ -258,8 +267,8 @@ def run_pair(lab: Lab, args: argparse.Namespace, pair: int, tally: Tally) -> Non
         a, b = stored[:2]
         print(f"  {pair}a: {a} (stored)\n  {pair}b: {b} (stored)")
     else:
-        a = lab.run(plan_text(f"aa-{pair}", args.environments), f"{pair}a")
-        b = lab.run(plan_text(f"aa-{pair}", args.environments), f"{pair}b")
+        a = lab.run(plan_text(f"aa-{pair}", args.environments, pair), f"{pair}a")
+        b = lab.run(plan_text(f"aa-{pair}", args.environments, pair), f"{pair}b")
     found_aa, sentinel_lines, booted = lab.compare(a, b)
     tally.aa += found_aa.cells
     tally.aa_pairs.append(found_aa)
@@ -297,7 +306,7 @@ def run_effect(lab: Lab, pair: tuple[int, str, str], stored: str | None, environ
         e = stored
         print(f"  {n}e: {e} (stored)")
     else:
-        e = lab.run(plan_text(f"aa-{n}", environments, delays), f"{n}e")
+        e = lab.run(plan_text(f"aa-{n}", environments, n, delays), f"{n}e")
     tally.pairs[-1] = (a, b, e)
     found, sentinel_lines, booted = lab.compare(b, e)
     print(f"  sentinel E / B: {', '.join(sentinel_lines) or 'none'}")
