@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import require_binary
 
@@ -108,3 +112,32 @@ def test_the_cpu_spent_before_joining_is_not_held_against_the_cgroup() -> None:
     assert containment.cpu_problem(0.515, 0.588, 0.9, 0.07) is None
     detail = containment.cpu_problem(0.034, 1.55, 0.9, 0.07)
     assert detail is not None and "0.070 s of it before joining" in detail
+
+
+def test_the_tree_walk_finds_what_a_scan_of_every_process_finds() -> None:
+    """The placement check's walk through the kernel's children files finds the same tree as
+    psutil's scan of every process: children of the main thread and of another thread, a
+    grandchild of a shell; [] once the root is gone."""
+    script = (
+        "import subprocess, sys, threading, time\n"
+        "kids = []\n"
+        "t = threading.Thread(target=lambda: kids.append(subprocess.Popen(['sleep', '30'])))\n"
+        "t.start(); t.join()\n"
+        "kids.append(subprocess.Popen(['sh', '-c', 'sleep 30 & sleep 30']))\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "print('up', flush=True); sys.stdin.read()\n"
+        "for k in kids: k.kill()\n"
+    )
+    with subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as proc:  # fmt: skip
+        assert proc.stdout and proc.stdout.readline() == "up\n"
+        root = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 10
+        while len(root.children(recursive=True)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)  # the shell starts its two sleeps
+        scanned = sorted([proc.pid, *(p.pid for p in root.children(recursive=True))])
+        assert len(scanned) == 5, scanned
+        assert sorted(containment.tree(proc.pid)) == scanned
+        assert proc.stdin
+        proc.stdin.close()
+    assert containment.tree(proc.pid) == []

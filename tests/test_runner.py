@@ -141,7 +141,8 @@ def test_steps_lie_inside_their_phases(root: Path) -> None:
     phases, steps = extra["phases"], extra["steps"]
     assert set(steps) <= {f"{s}_s" for s in STEPS}
     for step in ("prepare.copy", "prepare.sync", "prepare.snapshot", "drive.checks",
-                 "drive.exit", "oracle.model", "oracle.compare", "cleanup.remove"):  # fmt: skip
+                 "drive.placement", "drive.exit", "oracle.model", "oracle.compare",
+                 "cleanup.remove"):  # fmt: skip
         assert steps.get(f"{step}_s", 0) > 0, (step, steps)
     for phase in PHASES:
         inside = sum(s for name, s in steps.items() if name.startswith(f"{phase}."))

@@ -11,6 +11,8 @@ resource/quota-escaped with the check and its numbers in the detail.
 
 from __future__ import annotations
 
+import os
+from functools import cache
 from pathlib import Path
 
 import psutil
@@ -26,16 +28,60 @@ SHOWN = 5  # processes named in a detail
 
 def outside(cgroup: Cgroup, root_pid: int) -> list[str]:
     """The processes of ``root_pid``'s tree outside ``cgroup``: ``pid name (its cgroup)``."""
-    try:
-        root = psutil.Process(root_pid)
-        tree = [root, *root.children(recursive=True)]
-    except psutil.Error:  # the launcher is gone: nothing of its tree can run elsewhere
+    return [
+        f"{pid} {_comm(pid)} ({_where(cgroup, pid)})"
+        for pid in tree(root_pid)
+        if cgroup.holds(pid) is False
+    ]
+
+
+def tree(root_pid: int) -> list[int]:
+    """``root_pid`` and its descendants ([] once it is gone).
+
+    Walked down through the kernel's ``/proc/PID/task/TID/children`` (each thread's children;
+    only the tree's own processes are read: about 25 us for a launcher and its payload)
+    rather than psutil's ``children``, which reads the status of every process on the host to
+    find parents (1-3 ms a call with the container engines' daemons running, four calls an
+    environment). Where the kernel has no such files (built without ``CONFIG_PROC_CHILDREN``),
+    psutil's walk. A process that forks while it is read may show its new child in the next
+    check rather than this one, as with psutil's scan.
+    """
+    if not _children_files():  # the scan of every process
+        try:
+            root = psutil.Process(root_pid)
+            return [root_pid, *(p.pid for p in root.children(recursive=True))]
+        except psutil.Error:  # the launcher is gone: nothing of its tree can run elsewhere
+            return []
+    if not os.path.isdir(f"/proc/{root_pid}/task"):
         return []
-    found = []
-    for proc in tree:
-        if cgroup.holds(proc.pid) is False:
-            found.append(f"{proc.pid} {_comm(proc.pid)} ({_where(cgroup, proc.pid)})")
+    found, todo = [], [root_pid]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += _children(pid)
     return found
+
+
+@cache
+def _children_files() -> bool:
+    """Whether this kernel has ``/proc/PID/task/TID/children``."""
+    return os.path.exists("/proc/thread-self/children")
+
+
+def _children(pid: int) -> list[int]:
+    """The children of every thread of ``pid`` (none once it is gone)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    kids: list[int] = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as handle:
+                kids += [int(x) for x in handle.read().split()]
+        except OSError:  # the thread or the process ended meanwhile
+            continue
+    return kids
 
 
 def placement_problem(cgroup: Cgroup, root_pid: int, when: str) -> str | None:

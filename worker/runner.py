@@ -84,14 +84,15 @@ PHASES = ("prepare", "drive", "oracle", "cleanup")
 # the biggest unmeasured costs can be named: the payload's bytecode (compiled once per process,
 # ``worker.bytecode``), the fixture built or found, its copy, the cgroup,
 # the mode's own preparation, the staged snapshot, the oracle's model, the sync before the
-# marker; the payload's checks between rounds and the exit; the oracle's model (if not kept) and
-# its comparison, the wait for the staged original's check; the mode's cleanup, the removal,
-# the wait for the next environment's preparation, the write-back and the cgroup's removal.
+# marker; the payload's checks between rounds, the placement checks and the exit; the oracle's
+# model (if not kept) and its comparison, the wait for the staged original's check; the mode's
+# cleanup, the removal, the wait for the next environment's preparation, the write-back and the
+# cgroup's removal.
 STEPS = (
     "prepare.bytecode", "prepare.fixture", "prepare.copy", "prepare.cgroup", "prepare.mode",
-    "prepare.snapshot", "prepare.model", "prepare.sync", "drive.checks", "drive.exit",
-    "oracle.model", "oracle.compare", "oracle.original", "cleanup.mode", "cleanup.remove",
-    "cleanup.wait", "cleanup.sync", "cleanup.cgroup",
+    "prepare.snapshot", "prepare.model", "prepare.sync", "drive.checks", "drive.placement",
+    "drive.exit", "oracle.model", "oracle.compare", "oracle.original", "cleanup.mode",
+    "cleanup.remove", "cleanup.wait", "cleanup.sync", "cleanup.cgroup",
 )  # fmt: skip
 
 
@@ -635,7 +636,9 @@ class _Run:
         """Every process of the launcher's tree is inside the environment's cgroup."""
         assert self.proc is not None
         assert self.cgroup is not None
-        if problem := containment.placement_problem(self.cgroup, self.proc.pid, when):
+        with self.timed("drive.placement"):
+            problem = containment.placement_problem(self.cgroup, self.proc.pid, when)
+        if problem:
             raise Failed("quota-escaped", problem)
 
     def _check_cpu(self) -> None:
