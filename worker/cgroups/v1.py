@@ -16,6 +16,7 @@ from worker.cgroups.base import (
     POLL_S,
     Cgroup,
     cgroup_mounts,
+    poll_waits,
     remove_dir,
     write_file,
 )
@@ -107,7 +108,7 @@ class CgroupV1(Cgroup):
 
     def kill(self) -> None:
         """Freeze (so nothing forks away), SIGKILL every process, thaw, wait until empty."""
-        deadline = time.monotonic() + KILL_WAIT_S
+        deadline, waits = time.monotonic() + KILL_WAIT_S, poll_waits()
         while self.pids():
             frozen = self._freeze("FROZEN")
             for pid in self.pids():
@@ -117,7 +118,7 @@ class CgroupV1(Cgroup):
                 self._freeze("THAWED")
             if time.monotonic() > deadline:
                 raise QuotaError(f"processes survive SIGKILL in cgroup {self.path}: {self.pids()}")
-            time.sleep(POLL_S)
+            time.sleep(next(waits))
 
     def _freeze(self, state: str) -> bool:
         """Set the freezer state; True once reached (False without a freezer hierarchy)."""

@@ -32,9 +32,9 @@ from worker.cgroups.base import (
     CFS_PERIOD_US,
     KILL_WAIT_S,
     PARENT_NAME,
-    POLL_S,
     Cgroup,
     cgroup_mounts,
+    poll_waits,
     remove_dir,
     write_file,
 )
@@ -202,7 +202,7 @@ class CgroupV2(Cgroup):
 
     def kill(self) -> None:
         """``cgroup.kill`` of the subtree (kernel >= 5.14), else SIGKILL; wait until empty."""
-        deadline = time.monotonic() + KILL_WAIT_S
+        deadline, waits = time.monotonic() + KILL_WAIT_S, poll_waits()
         while self.pids():
             if (self.dir / "cgroup.kill").exists():
                 write_file(self.dir / "cgroup.kill", "1")
@@ -212,7 +212,7 @@ class CgroupV2(Cgroup):
                         os.kill(pid, signal.SIGKILL)
             if time.monotonic() > deadline:
                 raise QuotaError(f"processes survive SIGKILL in cgroup {self.dir}: {self.pids()}")
-            time.sleep(POLL_S)
+            time.sleep(next(waits))
 
     def _keyed(self, name: str) -> dict[str, int]:
         """A flat-keyed cgroup file (``cpu.stat``, ``memory.events``) as a dict."""
