@@ -110,17 +110,22 @@ class Podman:
         """The global flags of every podman command on this store."""
         s = self.state_dir
         return [
-            f"--root={s / 'root'}", f"--runroot={s / 'run'}", f"--tmpdir={s / 'tmp'}",
+            f"--root={self.graph_root}", f"--runroot={s / 'run'}", f"--tmpdir={s / 'tmp'}",
             f"--storage-driver={STORAGE_DRIVER}", "--cgroup-manager=cgroupfs",
             "--events-backend=file", f"--runtime={self.runtime_path()}",
             f"--hooks-dir={s / 'hooks.d'}",
         ]  # fmt: skip
 
+    @property
+    def graph_root(self) -> Path:
+        """The store's images and containers (containers/storage's ``graphroot``)."""
+        return self.state_dir / "root"
+
     def static_dir(self, container_id: str) -> Path | None:
         """Where this store keeps a container's own files (podman's ``StaticDir``): containers/
         storage's ``<graphroot>/<driver>-containers/<id>/userdata``, the directory ``create``
         made; None where it is not there (another layout: ask ``podman inspect``)."""
-        path = self.state_dir / "root" / f"{STORAGE_DRIVER}-containers" / container_id / "userdata"
+        path = self.graph_root / f"{STORAGE_DRIVER}-containers" / container_id / "userdata"
         return path if container_id.isalnum() and path.is_dir() else None
 
     def environ(self) -> dict[str, str]:
@@ -174,7 +179,7 @@ class Podman:
             (s / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
         conmon_env = ", ".join(f'"{k}={v}"' for k, v in self._conmon_env().items())
         _write_if_changed(s / "containers.conf", CONTAINERS_CONF.format(conmon_env=conmon_env))
-        storage = STORAGE_CONF.format(driver=STORAGE_DRIVER, root=s / "root", run=s / "run")
+        storage = STORAGE_CONF.format(driver=STORAGE_DRIVER, root=self.graph_root, run=s / "run")
         _write_if_changed(s / "storage.conf", storage)
 
     def _conmon_env(self) -> dict[str, str]:
