@@ -202,21 +202,36 @@ def test_the_walk_sees_upward_imports_and_cycles(
 def test_the_payload_needs_only_workloads(tmp_path: Path) -> None:
     """The payload runs inside environments (containers, guests) where only ``workloads/`` is
     present: its modules import the standard library and ``workloads`` alone, and it finds
-    every workload and calibration the catalog declares."""
+    every workload and calibration the catalog declares, by searching the families and in the
+    family the host names for it (``--family``: ``catalog.FAMILY``); a family that does not
+    declare it, or no family, is an error that names it."""
     shutil.copytree(REPO / "workloads", tmp_path / "workloads",
                     ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
     names = [*catalog.DECLARED, *catalog.CALIBRATION]
+    pairs = [f"{n}:{catalog.FAMILY[n]}" for n in names]
     probe = (
         "import sys; sys.path.insert(0, sys.argv[1]); import workloads.protocol as p; "
         "print(' '.join(p.find_declared(n).name for n in sys.argv[2:])); "
+        "print(' '.join(p.find_declared(*n.split(':')).name for n in sys.argv[2:] if ':' in n)); "
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('workloads', 'contract', 'worker', 'coordinator'))))"
     )
     done = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(tmp_path), *names],
                           capture_output=True, text=True, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    found, loaded = (line.split() for line in done.stdout.splitlines())
+    found, _, loaded = (line.split() for line in done.stdout.splitlines())
     assert found == names
+    probe = probe.replace("for n in sys.argv[2:])", "for n in ())")
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(tmp_path), *pairs],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1].split() == names
+    for wrong, said in ((["publish:writes"], "unknown workload 'publish'"),
+                        (["publish:nowhere"], "unknown family 'nowhere'")):  # fmt: skip
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(tmp_path), *wrong],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        assert done.returncode != 0
+        assert said in done.stderr, done.stderr
     assert "workloads.catalog" not in loaded  # the families one at a time, not the catalog
     assert all(m.split(".")[0] == "workloads" for m in loaded), loaded
 
@@ -226,36 +241,59 @@ def test_the_payload_needs_only_workloads(tmp_path: Path) -> None:
 # and ``pathlib`` (each about 8 ms here, with ``re``) neither (``workloads/jsonline.py``).
 HEAVY = ("dataclasses", "inspect", "ast", "typing", "shutil", "workloads.catalog", "json",
          "pathlib")  # fmt: skip
-# ``re`` and ``enum`` come only with ``subprocess`` (its ``locale`` and ``signal``): workflows.
-NO_RE = ("re", "enum")
+# ``re`` and ``enum`` come only with ``subprocess`` (its ``locale`` and ``signal``), which only
+# the workloads that run tools load (their ``preload``); ``collections`` (``collections.abc``)
+# with it or ``threading``, never for the type hints alone (``workloads/kit.py``).
+NO_TOOLS = ("subprocess", "re", "enum", "collections", "collections.abc")
+OTHER_FAMILIES = ("workloads.writes", "workloads.reads", "workloads.working_set")
 
 
 @pytest.mark.parametrize(
-    ("workload", "also_not"),
-    [("sentinel-cpu", ("subprocess", "threading", "workloads.reads", *NO_RE)),
-     ("seq-write", ("subprocess", "threading", "workloads.reads", *NO_RE)),
-     ("read-small", ("subprocess", "threading", *NO_RE)),
-     ("ws1024-w1", ("subprocess", *NO_RE)),
-     ("publish", ())],
+    ("workload", "also_not", "loads"),
+    [("sentinel-cpu", ("threading", "workloads.writes", *NO_TOOLS), ()),
+     ("seq-write", ("threading", "workloads.reads", *NO_TOOLS), ()),
+     ("read-small", ("threading", "workloads.writes", *NO_TOOLS), ()),
+     ("ws1024-w1", ("workloads.reads", *NO_TOOLS[:3]), ("threading",)),  # and its collections
+     ("publish", ("threading", *OTHER_FAMILIES, *NO_TOOLS), ()),
+     ("repo-inspect", OTHER_FAMILIES, ("subprocess",)),
+     ("incremental-build", OTHER_FAMILIES, ("subprocess",))],
 )  # fmt: skip
 def test_the_payload_imports_only_what_its_workload_needs(
-    workload: str, also_not: tuple[str, ...], tmp_path: Path
+    workload: str, also_not: tuple[str, ...], loads: tuple[str, ...], tmp_path: Path
 ) -> None:
-    """``find_declared`` imports the declaring families in order and stops at the workload's;
-    nothing on the payload's path (the protocol's ``check 0`` and ``exit`` answered too)
-    imports ``dataclasses``, ``typing``, ``json``, ``pathlib`` or the catalog."""
+    """Told its family (``--family``, as every mode's command line does), the payload imports
+    that family alone, and what the workload's rounds need (``subprocess`` for the tools) before
+    it answers ``check 0``, never inside a round; nothing on its path (``check 0`` and ``exit``
+    answered) imports ``dataclasses``, ``typing``, ``json``, ``pathlib`` or the catalog."""
     probe = (
         "import io, sys; sys.path.insert(0, sys.argv[1]); import workloads.protocol as p; "
         "out = io.StringIO(); args = ['--workload', sys.argv[2], '--seed', '1', '--scale', "
-        "'0.02', '--root', sys.argv[3]]; status = p.Session(out).serve(args, sys.argv[4:]); "
+        "'0.02', '--root', sys.argv[3], '--family', sys.argv[4]]; "
+        "status = p.Session(out).serve(args, sys.argv[5:]); "
         "print(status, out.getvalue().strip()); print(' '.join(sorted(sys.modules)))"
     )
     requests = ['{"op":"check","k":0}', '{"op": "exit"}']
     done = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(REPO), workload,
-                           str(tmp_path), *requests], capture_output=True, text=True,
-                          check=False)  # fmt: skip
+                           str(tmp_path), catalog.FAMILY[workload], *requests],
+                          capture_output=True, text=True, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     answer, modules = done.stdout.splitlines()
     assert answer == '0 {"op": "checked", "k": 0, "digest": null, "validated": true}', answer
     loaded = set(modules.split())
     assert not loaded & {*HEAVY, *also_not}, sorted(loaded & {*HEAVY, *also_not})
+    assert set(loads) <= loaded, sorted(set(loads) - loaded)
+
+
+def test_a_workload_that_runs_tools_declares_them_for_the_payload(tmp_path: Path) -> None:
+    """A round that runs a tool in a payload that did not preload ``subprocess`` fails with an
+    error naming the declaration (importing it there would put it inside the round's clock)."""
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "from workloads import workflow as w; w.run_tool(['true'], sys.argv[2], sys.argv[2])"
+    )
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(REPO), str(tmp_path)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode != 0
+    assert "subprocess is not loaded: the workload must declare it in preload" in done.stderr
+    declared = {d.name: d.preload for d in catalog.DECLARED.values()}
+    assert declared["repo-inspect"] == declared["incremental-build"] == ("subprocess",)

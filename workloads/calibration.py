@@ -20,7 +20,6 @@ import hashlib
 import os
 
 from workloads.kit import (
-    Check,
     Declaration,
     KiB,
     MiB,
@@ -43,6 +42,8 @@ from workloads.kit import (
 TYPE_CHECKING = False  # ``pathlib`` is not imported at run time (``workloads.kit``)
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from workloads.kit import Check
 
 CPU_ITERATIONS = 150_000  # about 20 ms of one core in CPython 3.11 on a 2020s lab machine
 FSYNC_WRITES = 16  # each an fsync: about 20 ms on an SSD-backed ext4

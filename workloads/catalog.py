@@ -13,7 +13,17 @@ from importlib import import_module
 from typing import Any
 
 from workloads.calibration import DECLARED as CALIBRATION_DECLARED
-from workloads.kit import FAMILIES, GROUPS, RESOURCES, SECTIONS, Declaration, PayloadError
+from workloads.kit import (
+    CALIBRATION as CALIBRATION_FAMILY,
+)
+from workloads.kit import (
+    FAMILIES,
+    GROUPS,
+    RESOURCES,
+    SECTIONS,
+    Declaration,
+    PayloadError,
+)
 
 MODULES = tuple(import_module(f"workloads.{family}") for family in FAMILIES)
 
@@ -58,6 +68,12 @@ def collect_calibration(declarations: Iterable[Declaration]) -> dict[str, Declar
 
 
 CALIBRATION = collect_calibration(CALIBRATION_DECLARED)
+
+
+# The module that declares each workload and calibration: the payload is told it (``--family``)
+# and imports that one alone.
+FAMILY = {d.name: family for family, m in zip(FAMILIES, MODULES, strict=True) for d in m.DECLARED}
+FAMILY |= dict.fromkeys(CALIBRATION, CALIBRATION_FAMILY)
 
 
 def declared(name: str) -> Declaration:

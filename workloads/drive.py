@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.environ import setting
+from workloads import catalog
 
 PAYLOAD = Path(__file__).resolve().parent / "payload.py"
 PAYLOAD_PYTHON = setting("SANDBENCH_PYTHON") or "/usr/bin/python3"  # as every mode
@@ -38,12 +39,21 @@ class Drive:
 
 
 def payload_argv(
-    workload: str, seed: int, scale: float, root: Path, payload: Path = PAYLOAD
+    workload: str,
+    seed: int,
+    scale: float,
+    root: Path | str,
+    payload: Path | str = PAYLOAD,
+    python: str = PAYLOAD_PYTHON,
 ) -> list[str]:
-    """The isolated payload command line every mode uses."""
+    """The isolated payload command line every mode uses (``--family``: the module that
+    declares the workload, so that the payload imports that one alone; left out for a name
+    nothing declares, which the payload then answers with its error)."""
+    family = catalog.FAMILY.get(workload)
     return [
-        PAYLOAD_PYTHON, "-I", "-S", str(payload), "--workload", workload,
+        python, "-I", "-S", str(payload), "--workload", workload,
         "--seed", str(seed), "--scale", repr(float(scale)), "--root", str(root),
+        *(["--family", family] if family else []),
     ]  # fmt: skip
 
 

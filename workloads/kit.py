@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-from collections.abc import Callable, Mapping
 
 # The payload imports this module after Ready, in every mode, before its first answer: it keeps
 # to modules the interpreter has cheaply (no ``dataclasses``, which imports ``inspect`` and
@@ -18,12 +17,22 @@ from collections.abc import Callable, Mapping
 # ``urllib.parse``, at run time: paths are strings inside an environment, ``Path`` only names
 # the fixture builders' host-side argument). In gVisor each module imported costs about 2 ms,
 # in a TCG guest tens of ms (``tests/test_imports.py`` holds the payload to its list).
+# Nor ``collections`` (``collections.abc`` imports it, with ``operator``, ``keyword`` and
+# ``reprlib``: about 2 ms here): the callable types below are for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
     from pathlib import Path
-    from typing import TypeVar
+    from typing import TypeAlias, TypeVar
 
     T = TypeVar("T")
+    Check: TypeAlias = Callable[[], tuple[str, bool]]  # a read-back check, run after the clock
+    # A round returns (digest, ok), or a Check that returns them when the host asks (``check k``).
+    Round: TypeAlias = Callable[[str, int, "Params", int], "tuple[str, bool] | Check"]
+    Builder: TypeAlias = Callable[[Path, int, "Params"], None]  # fills an empty fixture directory
+    Evolver: TypeAlias = Callable[["ModelState", int, "Params", int], None]  # rounds 1..R, modelled
+    Prepare: TypeAlias = Callable[[int, "Params", int], None]  # round k's inputs, made ahead
+    Shape: TypeAlias = Callable[["Params"], None]  # fixes parameters that depend on each other
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -49,13 +58,6 @@ class PayloadError(Exception):
 # ---------------------------------------------------------------- declarations
 
 Params = dict[str, int]
-Check = Callable[[], tuple[str, bool]]  # a read-back check, run after the round clock stopped
-# A round returns (digest, ok), or a Check that returns them when the host asks (``check k``).
-Round = Callable[[str, int, Params, int], "tuple[str, bool] | Check"]
-Builder = Callable[["Path", int, Params], None]  # fills an existing empty fixture directory
-Evolver = Callable[["ModelState", int, Params, int], None]  # applies rounds 1..R to the model
-Prepare = Callable[[int, Params, int], None]  # makes round k's inputs ahead (``prepare``)
-Shape = Callable[[Params], None]  # fixes parameters that depend on each other after scaling
 
 
 class Param:
@@ -106,6 +108,7 @@ class Declaration:
         ignore: tuple[str, ...] = (),
         seeded_fixture: bool = True,
         resources: tuple[str, ...] = ("cpu",),
+        preload: tuple[str, ...] = (),
     ) -> None:
         self.number = number  # its row in the design's table (and the listing order)
         self.name = name
@@ -121,6 +124,10 @@ class Declaration:
         self.ignore = ignore  # non-deterministic paths, skipped by the oracle and digests
         self.seeded_fixture = seeded_fixture  # False when the fixture holds no seeded content
         self.resources = resources  # of RESOURCES: what its time depends on
+        # Modules its round imports where it runs them (``subprocess`` for the tools): the
+        # payload imports them with the body, before its first answer, never inside a clock;
+        # the family imports them no further up, so its other workloads do not load them.
+        self.preload = preload
 
     def fields(self) -> dict[str, object]:
         """The declaration's fields by name (what the host's ``Workload`` is built from)."""

@@ -1,7 +1,8 @@
 """The launched file in every mode: its first act is the ready line, then it loads the body.
 
-``python3 -I -S <dir>/workloads/payload.py --workload W --seed N --scale S --root DIR``, with
-the ``workloads`` directory beside it (every mode binds the whole directory, read-only).
+``python3 -I -S <dir>/workloads/payload.py --workload W --seed N --scale S --root DIR
+--family F``, with the ``workloads`` directory beside it (every mode binds the whole directory,
+read-only; ``--family``, the module that declares W, is the only one of them it imports).
 Ready is timed to the ready line, so only the interpreter's own start precedes it: the body
 (``workloads.protocol`` and its workload's modules) is imported after it, outside every clock,
 from the checked-hash bytecode the harness compiled into this directory beforehand
@@ -19,4 +20,4 @@ if __name__ == "__main__":
     sys.path.insert(0, (__file__.rpartition("/")[0] or ".") + "/..")
     from workloads.protocol import main
 
-    sys.exit(main())
+    main()  # leaves the process with the protocol's status

@@ -11,8 +11,6 @@ import stat
 
 from workloads.kit import (
     MAX_ROUNDS,
-    Builder,
-    Check,
     Declaration,
     KiB,
     MiB,
@@ -38,6 +36,8 @@ from workloads.kit import (
 TYPE_CHECKING = False  # ``pathlib`` is not imported at run time (``workloads.kit``)
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from workloads.kit import Builder, Check
 
 # ---------------------------------------------------------------- the 2,048-file tree
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
+import sys
 
 from workloads.kit import (
-    Check,
     Declaration,
     KiB,
     ModelState,
@@ -35,6 +34,8 @@ from workloads.kit import (
 TYPE_CHECKING = False  # ``pathlib`` is not imported at run time (``workloads.kit``)
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from workloads.kit import Check
 
 GIT_DATE0 = 1704067200  # 2024-01-01T00:00:00Z, first fixture commit
 GIT_IDENT = ("Sandbench Fixture", "fixture@sandbench.invalid")
@@ -73,7 +74,17 @@ def tool_env(root: str) -> dict[str, str]:
 
 
 def run_tool(argv: list[str], cwd: str, root: str, ok: tuple[int, ...] = (0,), **env: str) -> str:
-    """Run a tool with captured output (never our stdout); its stdout, or an error."""
+    """Run a tool with captured output (never our stdout); its stdout, or an error.
+
+    ``subprocess`` (with ``re``, ``locale``, ``signal``, ``selectors`` and ``threading``: about
+    7 ms here, a quarter of a second in a TCG guest) is imported by the payload before its
+    first answer for the workloads that run tools (their ``preload``), so here it is already
+    loaded; publish, which runs none, does not load it. Not loaded here means a declaration
+    without it, whose first round would time the import: an error, not a slower round."""
+    subprocess = sys.modules.get("subprocess")
+    if subprocess is None:
+        raise PayloadError("subprocess is not loaded: the workload must declare it in preload")
+
     r = subprocess.run(
         argv,
         cwd=cwd,
@@ -85,11 +96,14 @@ def run_tool(argv: list[str], cwd: str, root: str, ok: tuple[int, ...] = (0,), *
     if r.returncode not in ok:
         err = r.stderr.decode(errors="replace").strip()[-400:]
         raise PayloadError(f"{' '.join(argv[:4])} exited {r.returncode}: {err}")
-    return r.stdout.decode(errors="replace")
+    out: str = r.stdout.decode(errors="replace")  # the module from sys.modules is untyped
+    return out
 
 
 def tool(argv: list[str], cwd: Path, stdin: bytes | None = None, **env: str) -> None:
     """Run a fixture-building tool with the payload's clean environment; raise on failure."""
+    import subprocess
+
     env = {**tool_env(str(cwd)), **env}
     r = subprocess.run(argv, cwd=cwd, env=env, input=stdin, capture_output=True, check=False)
     if r.returncode != 0:
@@ -411,14 +425,14 @@ DECLARED = (
         {"files": scaled_count(2048), "dirs": scaled_count(32, at_most="files"),
          "commits": scaled_count(200)},
         repo_inspect, build_repo, evolve_repo, ignore=REPO_IGNORE,
-        resources=("cpu", "read", "metadata", "fsync"),
+        resources=("cpu", "read", "metadata", "fsync"), preload=("subprocess",),
     ),
     Declaration(
         18, "incremental-build", "workflow", "workflows",
         "edit one unit of a 64-unit C project, make -j2, run the binary, check the edit shows",
         {"units": scaled_count(64), "jobs": 2},
         incremental_build, build_project, evolve_project, ignore=BUILD_IGNORE,
-        resources=("cpu", "read", "metadata", "fsync"),
+        resources=("cpu", "read", "metadata", "fsync"), preload=("subprocess",),
     ),
     Declaration(
         19, "publish", "workflow", "workflows",

@@ -14,7 +14,6 @@ import threading
 
 from workloads.kit import (
     PAGE,
-    Check,
     Declaration,
     FileState,
     GiB,
@@ -34,6 +33,8 @@ from workloads.kit import (
 TYPE_CHECKING = False  # ``pathlib`` is not imported at run time (``workloads.kit``)
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from workloads.kit import Check
 
 WS_BLOCK = 64 * KiB  # write unit of the working-set workloads
 WS_BASE = MiB  # seeded source buffer the working-set blocks are sliced from

@@ -13,7 +13,6 @@ import struct
 
 from workloads.kit import (
     PAGE,
-    Check,
     Declaration,
     KiB,
     MiB,
@@ -38,6 +37,8 @@ from workloads.kit import (
 TYPE_CHECKING = False  # ``pathlib`` is not imported at run time (``workloads.kit``)
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from workloads.kit import Check
 
 # ---------------------------------------------------------------- seq-write, sync-write
 

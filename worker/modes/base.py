@@ -11,7 +11,7 @@ from typing import Any, Self
 
 from contract.paths import DEFAULT_WORK_ROOT
 from contract.records import EnvironmentSpec
-from workloads.drive import PAYLOAD_PYTHON
+from workloads.drive import PAYLOAD_PYTHON, payload_argv
 
 # One interpreter for the payload in every mode, so differences come from the mode.
 # The launched bootstrap; its body lives beside it, so modes make the whole directory visible.
@@ -64,11 +64,7 @@ class EnvContext:
     def payload_argv(self, root: str, payload: str | None = None) -> list[str]:
         """The payload command line, with ``root`` the workspace path as seen inside the mode."""
         s = self.spec
-        return [
-            self.python, "-I", "-S", payload or str(self.payload),
-            "--workload", s.workload, "--seed", str(s.seed), "--scale", repr(s.scale),
-            "--root", root,
-        ]  # fmt: skip
+        return payload_argv(s.workload, s.seed, s.scale, root, payload or self.payload, self.python)
 
 
 class Mode(abc.ABC):
