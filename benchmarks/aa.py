@@ -79,6 +79,7 @@ from coordinator.results.compare import (  # noqa: E402
     compare,
     drift_of,
     load_side,
+    ratio_interval,
     verdict,
 )
 from coordinator.results.trend import Trend, cell_trends  # noqa: E402
@@ -193,6 +194,20 @@ class Lab:
             booted.append(verdict(x.n_a, x.n_b, x.ratio, bootstrap_interval(xa, xb, seed),
                                   drift_of(c, x.host, x.workload))[0])  # fmt: skip
         return c, lines, booted
+
+    def exact_effect(self, ident: str) -> list[bool]:
+        """Per workload of campaign ``ident`` (one without the effect): whether compare's
+        interval finds the probe slower than its twin once the probe's environment times are
+        multiplied by 1 + EFFECT: an effect of exactly that size on real A/A noise, with
+        nothing of the sleep's calibration or of the helper's start in it."""
+        found = []
+        for t in self.side(ident).analysis.tables:
+            values = passed_values(t, "task_s")
+            for w in WORKLOADS:
+                twin, probe = values.get((TWIN + w, w)), values.get((PROBE + w, w))
+                if twin is not None and probe is not None and min(len(twin), len(probe)) > 1:
+                    found.append(ratio_interval(twin, probe * (1 + EFFECT))[0] > 1.0)
+        return found
 
     def analysis(self, campaign: str) -> object:
         """The stored campaign's analysis."""
@@ -382,6 +397,13 @@ def summary(lab: Lab, tally: Tally, effect: bool) -> bool:
         rates(tally.within_aa, tally.within_effect if effect else None,
               "compare ID:twin-W ID:probe-W (two modes of one campaign, interleaved by its "
               "seeded order: the design the README recommends for an A/B question)")  # fmt: skip
+    if effect and tally.within_aa:
+        exact = [hit for a, b, _ in tally.pairs for ident in (a, b)
+                 for hit in lab.exact_effect(ident)]  # fmt: skip
+        print(f"for scale, an exact {EFFECT:.0%} on the twins' A/A cells (each probe's times x "
+              f"{1 + EFFECT:.2f}): slower in {sum(exact)} of {len(exact)} = "
+              f"{sum(exact) / max(len(exact), 1):.0%}: what N = {tally.within_aa[0].n_a} "
+              "environments a side find in this noise, however the effect is injected")  # fmt: skip
     booted = tally.booted_aa
     line = (f"for scale, the bootstrap of the medians (compare's interval until 2026-12-05) on the "
             f"same cells: A/A false verdicts {sum(w in (FASTER, SLOWER) for w in booted)} of "

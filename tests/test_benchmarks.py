@@ -135,6 +135,11 @@ def test_aa_prints_its_figures(tmp_path: Path) -> None:
     assert re.search(r"^  20% effect detected: \d of 4 cells", inside, re.MULTILINE), out
     assert len(re.findall(r"^  effect \S+ inside 1e \(twin-\S+ vs probe-\S+\): ", out,
                           re.MULTILINE)) == 4, out  # fmt: skip
+    exact = (
+        r"^for scale, an exact 20% on the twins' A/A cells \(each probe's times x 1.20\): "
+        r"slower in \d of 8 = \d+%: what N = 10 environments a side find in this noise"
+    )
+    assert re.search(exact, out, flags=re.MULTILINE), out
     booted = (r"^for scale, the bootstrap of the medians \(compare's interval until 2026-12-05\) "
               r"on the same cells: A/A false verdicts \d+ of 20, withheld \d+; 20% effect "
               r"detected in \d+ of 4$")  # fmt: skip
