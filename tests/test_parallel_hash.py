@@ -51,3 +51,29 @@ def test_snapshot_sees_one_changed_byte_in_a_large_file(tmp_path: Path) -> None:
         f.seek(PARALLEL_BYTES // 2)
         f.write(bytes([byte[0] ^ 1]))
     assert snapshot_diff(before, snapshot(tmp_path)) == ["changed big/f1.bin"]
+
+
+def test_a_copys_snapshot_takes_its_fixtures_hashes_and_still_sees_a_bad_copy(
+    tmp_path: Path,
+) -> None:
+    """The snapshot of a ``cp -a`` copy given its fixture's scan (as the staged runner takes
+    it) equals the one that reads every byte, down to the permission bits; a copy whose bytes
+    differ from the fixture's (same size) shows as changed at the check after the run, which
+    reads every byte, and a file whose size differs from the fixture's is hashed from the
+    copy."""
+    fixture, copy = tmp_path / "fixture", tmp_path / "copy"
+    files = tree(fixture)
+    (fixture / "big" / "f0.bin").chmod(0o600)
+    subprocess.run(["cp", "-a", "--", str(fixture), str(copy)], check=True)
+    known = scan(fixture)
+    assert snapshot(copy, known) == snapshot(copy)
+    # a copy gone wrong: a byte differs (same size), and a file of another size
+    bad = copy / files[0].relative_to(fixture)
+    data = bytearray(bad.read_bytes())
+    data[7] ^= 1
+    bad.write_bytes(bytes(data))
+    (copy / "small1.txt").write_bytes(b"shorter")
+    before = snapshot(copy, known)
+    assert before[str(files[0].relative_to(fixture))] != snapshot(copy)["big/f0.bin"]
+    assert before["small1.txt"] == snapshot(copy)["small1.txt"]
+    assert snapshot_diff(before, snapshot(copy)) == ["changed big/f0.bin"]

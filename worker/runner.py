@@ -321,7 +321,7 @@ class _Run:
         self.seen.provenance = self._provenance(self.preflight)
         self._check_stop()
         with self.timed("prepare"):
-            self._prepare()
+            self._prepare(workload.ignore)
             assert self.fixture is not None
             if not self.models.keep:  # nothing kept: the oracle would compute it again
                 return
@@ -357,9 +357,11 @@ class _Run:
             return self._classify(failure)
         return None
 
-    def _prepare(self) -> None:
-        """Fresh workspace from the fixture, the cgroup, the mode's preparation, the snapshot."""
+    def _prepare(self, ignore: tuple[str, ...]) -> None:
+        """Fresh workspace from the fixture, the cgroup, the mode's preparation, the snapshot
+        (``ignore``: the workload's, under which the oracle's scan of the fixture is cached)."""
         from workloads.fixtures import copy_fixture, ensure_fixture
+        from workloads.oracle import scan_cached
 
         spec = self.spec
         name = cgroups.cgroup_name(spec.key())
@@ -397,8 +399,9 @@ class _Run:
         except Exception as exc:  # a mode's preparation failing is a startup failure
             raise Failed(os_reason(exc), f"mode preparation: {exc}") from exc
         if self.mode.staged:
-            with self.timed("prepare.snapshot"):
-                self.original = snapshot(workspace)
+            with self.timed("prepare.snapshot"):  # the fixture's hashes, its scan cached
+                known, _ = scan_cached(fixture, ignore)
+                self.original = snapshot(workspace, known)
         try:  # a file the harness would otherwise create after the sync
             (env_dir / STDERR_FILE).touch()
         except OSError as exc:
