@@ -196,9 +196,15 @@ def test_container_runs_under_the_quota_and_the_environment_cgroup(
     assert_nothing_left(store, image_layers)
 
 
-def test_oom_verdict_is_podmans(store: Podman, image_layers: set[str], tmp_path: Path) -> None:
-    """A container past its memory limit is OOM-killed by its own cgroup: podman says so,
-    the environment's cgroup (v1: kills count only in the victim's cgroup) does not."""
+def test_oom_verdict_is_the_kernels_and_podmans(
+    store: Podman, image_layers: set[str], tmp_path: Path
+) -> None:
+    """A container past its memory limit is OOM-killed by its own cgroup: the kernel's log says
+    so (the mode's verdict, without a ``podman inspect``), podman's own flag (what the mode asks
+    where the log cannot be read) too, the environment's cgroup (v1: kills count only in the
+    victim's cgroup) does not."""
+    from worker.cgroups.base import oom_kill_logged
+
     env, cgroup = _probe_env(tmp_path, Quota(memory_bytes=64 * MiB), HOG)
     mode = PodmanMode(store)
     try:
@@ -206,12 +212,14 @@ def test_oom_verdict_is_podmans(store: Podman, image_layers: set[str], tmp_path:
         proc = _launch(mode, env, cgroup)
         out, _ = proc.communicate(b"go\n", timeout=60)
         verdict = mode.oom_killed(env)
+        flag = store.run("inspect", "--format", "{{.State.OOMKilled}}", container_name(env))
         environment_saw = cgroup.oom_killed()
     finally:
         mode.cleanup(env)
         cgroup.remove()
     assert b"survived" not in out and proc.returncode == 137
-    assert verdict is True
+    assert verdict is True and oom_kill_logged(env.cgroup_path) is True
+    assert flag.strip() == "true"
     if cgroup.version == 1:
         assert environment_saw is False, "only podman's verdict can classify this OOM"
     assert_nothing_left(store, image_layers)

@@ -223,19 +223,19 @@ KMSG = Path("/dev/kmsg")
 KMSG_RECORD_BYTES = 8192  # one read of /dev/kmsg returns one record, at most this long
 
 
-def oom_kill_logged(cgroup_path: str) -> bool:
+def oom_kill_logged(cgroup_path: str) -> bool | None:
     """Whether the kernel's log records an OOM kill of a task in ``cgroup_path`` or below it.
 
     A kill in a sandbox's own memory cgroup below the environment's (a container's) is counted
     on cgroup v1 only there, and that cgroup is gone once the runtime has stopped the container;
     the kernel's report of the kill still names it (``task_memcg=/sandbench/<env>/...``), and
-    the environment's cgroup name is never reused. False where the log cannot be read.
+    the environment's cgroup name is never reused. None where the log cannot be read.
     """
     inside = (f"task_memcg={cgroup_path.rstrip('/')}/", f"task_memcg={cgroup_path.rstrip('/')},")
     try:
         fd = os.open(KMSG, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
-        return False
+        return None
     try:
         while True:
             try:
@@ -245,7 +245,7 @@ def oom_kill_logged(cgroup_path: str) -> bool:
             except BrokenPipeError:  # records overwritten while reading: read on
                 continue
             except OSError:
-                return False
+                return None
             if not record:
                 return False
             text = record.decode(errors="replace")

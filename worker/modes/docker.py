@@ -150,4 +150,4 @@ class DockerMode(ContainerMode):
         (``ContainerMode.oom_killed`` says why both)."""
         found = self.daemon.container(container_name(env))
         flagged = bool(found and (found.get("State") or {}).get("OOMKilled"))
-        return flagged or oom_kill_logged(env.cgroup_path)
+        return flagged or bool(oom_kill_logged(env.cgroup_path))
