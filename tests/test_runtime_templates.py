@@ -159,7 +159,7 @@ def test_firecracker_prepare_and_collect_round_trip(
     assert boot["kernel_image_path"] == "/vmlinux" and (jail / "vmlinux").exists()
     payload_argv = boot["boot_args"].split(" -- ")[1].split()
     assert payload_argv[1:6] == ["-I", "-S", "/workloads/payload.py", "--workload", "publish"]
-    assert payload_argv[-2:] == ["--root", "/ws"]
+    assert payload_argv[-4:] == ["--root", "/ws", "--family", "workflow"]
     assert [d["path_on_host"] for d in config["drives"]] == ["/rootfs.ext4", "/ws.ext4"]
     assert config["machine-config"] == {"vcpu_count": 2, "mem_size_mib": 2048 - 128}
     listing = subprocess.run(
