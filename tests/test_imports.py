@@ -297,3 +297,35 @@ def test_a_workload_that_runs_tools_declares_them_for_the_payload(tmp_path: Path
     assert "subprocess is not loaded: the workload must declare it in preload" in done.stderr
     declared = {d.name: d.preload for d in catalog.DECLARED.values()}
     assert declared["repo-inspect"] == declared["incremental-build"] == ("subprocess",)
+
+
+def test_no_round_imports_a_module(tmp_path: Path) -> None:
+    """Whatever a workload's payload imports, it has imported by its answer to ``check 0``: no
+    module is first loaded during rounds 1-3 (inside their clocks) or their checks, for any of
+    the 19 workloads (the rounds run for real on a fresh copy of each fixture)."""
+    from workloads.fixtures import copy_fixture, ensure_fixture
+
+    probe = (
+        "import io, sys; sys.path.insert(0, sys.argv[1]); import workloads.protocol as p\n"
+        "class Out(io.StringIO):\n"
+        "    seen = []\n"
+        "    def write(self, s):\n"
+        '        if \'"op": "checked", "k": 0\' in s: Out.seen.append(set(sys.modules))\n'
+        "        return super().write(s)\n"
+        "args = ['--workload', sys.argv[2], '--seed', '1', '--scale', '0.02', '--root', "
+        "sys.argv[3], '--family', sys.argv[4]]\n"
+        'reqs = [\'{"op": "check", "k": 0}\'] + [f\'{{"op": "{op}", "k": {k}}}\' '
+        "for k in (1, 2, 3) for op in ('round', 'check')] + ['{\"op\": \"exit\"}']\n"
+        "status = p.Session(Out()).serve(args, reqs)\n"
+        "print(status, ' '.join(sorted(set(sys.modules) - Out.seen[0])))\n"
+    )
+    found = {}
+    for name in catalog.DECLARED:
+        workspace = tmp_path / "ws" / name
+        copy_fixture(ensure_fixture(name, 1, 0.02, tmp_path / "fixtures"), workspace)
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(REPO), name,
+                               str(workspace), catalog.FAMILY[name]], capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        found[name] = done.stdout.strip()
+    assert found == dict.fromkeys(catalog.DECLARED, "0"), found
