@@ -12,18 +12,9 @@ from collections.abc import Iterable
 from importlib import import_module
 from typing import Any
 
+from workloads import kit
 from workloads.calibration import DECLARED as CALIBRATION_DECLARED
-from workloads.kit import (
-    CALIBRATION as CALIBRATION_FAMILY,
-)
-from workloads.kit import (
-    FAMILIES,
-    GROUPS,
-    RESOURCES,
-    SECTIONS,
-    Declaration,
-    PayloadError,
-)
+from workloads.kit import FAMILIES, GROUPS, RESOURCES, SECTIONS, Declaration, PayloadError
 
 MODULES = tuple(import_module(f"workloads.{family}") for family in FAMILIES)
 
@@ -73,7 +64,7 @@ CALIBRATION = collect_calibration(CALIBRATION_DECLARED)
 # The module that declares each workload and calibration: the payload is told it (``--family``)
 # and imports that one alone.
 FAMILY = {d.name: family for family, m in zip(FAMILIES, MODULES, strict=True) for d in m.DECLARED}
-FAMILY |= dict.fromkeys(CALIBRATION, CALIBRATION_FAMILY)
+FAMILY |= dict.fromkeys(CALIBRATION, kit.CALIBRATION)
 
 
 def declared(name: str) -> Declaration:

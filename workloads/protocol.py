@@ -4,7 +4,8 @@
 imports this module; everything here, and the workload modules it loads, is imported after
 Ready and before the answer to ``check 0``, outside every clock. Standard library only, and
 only what the workload needs: the payload does not import the catalog (every family and what
-each imports) but the families one at a time until one declares its workload.
+each imports) but the family the host names (``--family``), or without it the families one at
+a time until one declares its workload, and what that workload's rounds import (``preload``).
 """
 
 from __future__ import annotations
