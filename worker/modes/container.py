@@ -216,17 +216,20 @@ class ContainerMode(Mode):
         )  # fmt: skip
 
     def oom_killed(self, env: EnvContext) -> bool:
-        """The engine's own OOM verdict for the container, read before cleanup removes it.
+        """Whether a process of the container was OOM-killed, read before cleanup removes it.
 
         The environment's cgroup cannot show it: cgroup v1 counts a kill only in the victim's
         own memory cgroup, the container's, which the runtime removes when the container stops.
         The kernel's log names the victim's memory cgroup, below the environment's, for every
-        kill: the payload's and a child's (a compiler) alike. The engine's flag covers only the
-        container's first process and costs an ``inspect`` (40 ms of podman, between the drive
-        and the oracle): it is asked only where the kernel's log cannot be read.
+        kill: the payload's and a child's (a compiler) alike. The engine's flag
+        (``engine_oom_flag``) covers only the container's first process and costs a request
+        (a ``podman inspect``: 40 ms, between the drive and the oracle): it is asked only where
+        the kernel's log cannot be read.
         """
         logged = oom_kill_logged(env.cgroup_path)
-        if logged is not None:
-            return logged
+        return self.engine_oom_flag(env) if logged is None else logged
+
+    def engine_oom_flag(self, env: EnvContext) -> bool:
+        """The engine's own OOM flag of the container (``State.OOMKilled``)."""
         out = self.engine.run("inspect", "--format", "{{.State.OOMKilled}}", container_name(env))
         return out.strip() == "true"

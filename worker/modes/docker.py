@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Any
 
 from worker.cgroups import remove_dir
-from worker.cgroups.base import oom_kill_logged
 from worker.dockerd import Dockerd, DockerdError
 from worker.modes.base import EnvContext, HostInfo, Preflight
 from worker.modes.container import (
@@ -145,9 +144,7 @@ class DockerMode(ContainerMode):
         """``docker rm -f`` (through the Engine API) until the daemon no longer has it."""
         self.daemon.remove_container(name)
 
-    def oom_killed(self, env: EnvContext) -> bool:
-        """The daemon's OOM flag of the container (through the Engine API), or the kernel's log
-        (``ContainerMode.oom_killed`` says why both)."""
+    def engine_oom_flag(self, env: EnvContext) -> bool:
+        """The daemon's OOM flag of the container, through the Engine API."""
         found = self.daemon.container(container_name(env))
-        flagged = bool(found and (found.get("State") or {}).get("OOMKilled"))
-        return flagged or bool(oom_kill_logged(env.cgroup_path))
+        return bool(found and (found.get("State") or {}).get("OOMKilled"))
