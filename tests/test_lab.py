@@ -111,10 +111,23 @@ def test_a_campaign_across_the_lab_survives_host_faults_and_leaves_nothing(
     # 1. The whole unit killed mid-environment: systemd starts it again, its start reaps.
     # (The environment's cgroup, read from inside lab-a in that round: in the unit's subtree.)
     restarts = int(unit_property(made, "lab-a", "NRestarts"))
-    # Frozen first (cgroup v2's freezer; SIGKILL still ends frozen processes): the environment
-    # cannot finish its drive, oracle and cleanup while the kill travels through systemd, which
-    # on a TCG guest can take longer than a small environment's whole remainder.
-    kill = "echo 1 > $d/cgroup.freeze; systemctl kill -s KILL sandbench-worker@lab-a"
+    # The whole unit frozen first (cgroup v2's freezer; SIGKILL still ends frozen processes): the
+    # environment cannot finish while the kill travels through systemd, which on a TCG guest can
+    # take longer than a small environment's whole remainder. The worker's own processes too
+    # (<unit>/supervisor): with the payload alone frozen, one that had just answered its last
+    # round left the runner to finish the oracle and the cleanup before the kill came, and
+    # nothing was left to reap (CI, 2026-12-06). Still running once frozen, or the next one.
+    kill = (
+        "u=${d%/envs/*}; echo 1 > $u/cgroup.freeze; n=0; "  # frozen within 5 s, or said why
+        "until grep -qx 'frozen 1' $u/cgroup.events || [ $n -ge 100 ]; do sleep 0.05; "
+        "n=$((n+1)); done; "
+        "if ! grep -qx 'populated 1' $d/cgroup.events 2>/dev/null; "
+        "then echo 0 > $u/cgroup.freeze; exit 1; fi; "
+        "systemctl kill -s KILL sandbench-worker@lab-a; "
+        # the unit's cgroup goes when its processes are gone; a thawed leftover never freezes
+        # the restarted worker (RestartSec=5)
+        "sleep 1; echo 0 > $u/cgroup.freeze 2>/dev/null; true"
+    )
     key, memory_max, cpus = mid_environment(made, "lab-a", campaign, kill)[:3]
     assert key.startswith(f"{campaign}_lab-a_") and memory_max == str(2 << 30) and cpus == "0-1"
     # 2. A power cut of lab-b mid-environment; it boots again while the broker is cut.
@@ -139,7 +152,7 @@ def test_a_campaign_across_the_lab_survives_host_faults_and_leaves_nothing(
     log = sh(made, "lab-a", "journalctl -u sandbench-worker@lab-a -o cat")
     # the start after the kill (failed once in six suites, 2026-12-06, the tail of the log not
     # saying why: now every reaper line and start shows, and what the killed one was running)
-    assert "reaper: reaped workspace" in log, (key, reaper_lines(log))
+    assert "reaper: reaped workspace" in log, "\n".join([key, *reaper_lines(log)])
     assert "Warm shutdown" in log, log[-3000:]
     assert "WorkerLostError" not in log, log[-3000:]  # the environment was let finish
     sh(made, "lab-a", "systemctl start sandbench-worker@lab-a")
@@ -180,12 +193,14 @@ def test_a_campaign_across_the_lab_survives_host_faults_and_leaves_nothing(
 
 def mid_environment(made: labmod.Lab, name: str, campaign: str, then: str = "true") -> list[str]:
     """Wait on ``name`` for an environment of ``campaign`` with processes in its cgroup, run
-    ``then`` at once in the same shell (``$d``: that cgroup's directory); the environment's
-    cgroup, memory.max and cpuset.cpus, then what ``then`` printed (words)."""
+    ``then`` at once in a subshell (``$d``: that cgroup's directory; exiting non-zero passes
+    this environment over); the environment's cgroup, memory.max and cpuset.cpus, then what
+    ``then`` printed (words)."""
     envs = UNIT_CGROUP.format(name).replace("\\", "\\\\") + "/envs"
     loop = (f"while :; do for d in {envs}/{campaign}_*; do "
             "if grep -qx 'populated 1' $d/cgroup.events 2>/dev/null && [ -f $d/memory.max ]; "
-            f"then echo ${{d##*/}} $(cat $d/memory.max $d/cpuset.cpus); {then}; exit 0; fi; "
+            'then seen="${d##*/} $(cat $d/memory.max $d/cpuset.cpus)"; '
+            f"said=$({then}) && {{ echo $seen $said; exit 0; }}; fi; "
             "done; sleep 0.1; done")  # fmt: skip
     return sh(made, name, f"timeout {ENV_WAIT_S:.0f} sh -c {shlex.quote(loop)}").split()
 
