@@ -23,12 +23,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
 from worker.hostinfo import NO_JOURNAL, work_root_journal
-from worker.workroot import remove_tree, unmount_below
+from worker.workroot import remove_tree, rmtree_parallel, unmount_below
 
 TRASH_DIR = "trash"  # under the work root
 SINCE_FILE = ".since.json"  # the file system's free space and inodes when the trash started
@@ -86,7 +85,7 @@ def empty(work_root: Path) -> list[str]:
     trash = work_root / TRASH_DIR
     if not trash.is_dir():
         return []
-    shutil.rmtree(trash, ignore_errors=True)
+    rmtree_parallel(trash)
     with contextlib.suppress(FileNotFoundError):
         if any(trash.iterdir()):
             return [f"could not empty {trash}"]
