@@ -44,6 +44,20 @@ CLOCK_OFFSET_S = 3600  # lab-b's clock is an hour ahead
 CLOCK_SLACK_S = 120  # guests' clocks under TCG on a busy machine drift a little
 STOP_TIMEOUT_S = 180  # the unit's TimeoutStopSec
 ENV_WAIT_S = 540.0  # within the SSH call's 600 s
+# For ``mid_environment``: the worker's whole unit frozen (cgroup v2's freezer; SIGKILL and a
+# power cut still end it), so the environment cannot finish while a fault travels to it (through
+# systemd, or from this process to QEMU), which under TCG can take longer than a small
+# environment's whole remainder. The worker's own processes (<unit>/supervisor) too: with the
+# payload alone frozen, one that had just answered its last round left the runner to finish the
+# oracle and the cleanup before the kill came, and nothing was left to reap (CI, 2026-12-06).
+# Still running once frozen (``frozen 1``, waited for up to 5 s), or thawed and passed over.
+FREEZE = (
+    "u=${d%/envs/*}; echo 1 > $u/cgroup.freeze; n=0; "
+    "until grep -qx 'frozen 1' $u/cgroup.events || [ $n -ge 100 ]; do sleep 0.05; "
+    "n=$((n+1)); done; "
+    "if ! grep -qx 'populated 1' $d/cgroup.events 2>/dev/null; "
+    "then echo 0 > $u/cgroup.freeze; exit 1; fi"
+)
 # A killed environment's message comes back after 45 s (default 900 s), swept every 5 s.
 FAULT_SETTINGS = "SANDBENCH_VISIBILITY_TIMEOUT=45 SANDBENCH_RESTORE_INTERVAL=5"
 
@@ -111,27 +125,17 @@ def test_a_campaign_across_the_lab_survives_host_faults_and_leaves_nothing(
     # 1. The whole unit killed mid-environment: systemd starts it again, its start reaps.
     # (The environment's cgroup, read from inside lab-a in that round: in the unit's subtree.)
     restarts = int(unit_property(made, "lab-a", "NRestarts"))
-    # The whole unit frozen first (cgroup v2's freezer; SIGKILL still ends frozen processes): the
-    # environment cannot finish while the kill travels through systemd, which on a TCG guest can
-    # take longer than a small environment's whole remainder. The worker's own processes too
-    # (<unit>/supervisor): with the payload alone frozen, one that had just answered its last
-    # round left the runner to finish the oracle and the cleanup before the kill came, and
-    # nothing was left to reap (CI, 2026-12-06). Still running once frozen, or the next one.
+    # The whole unit frozen first (``FREEZE``), then killed; the unit's cgroup is thawed a second
+    # later, so a leftover of it never freezes the restarted worker (RestartSec=5).
     kill = (
-        "u=${d%/envs/*}; echo 1 > $u/cgroup.freeze; n=0; "  # frozen within 5 s, or said why
-        "until grep -qx 'frozen 1' $u/cgroup.events || [ $n -ge 100 ]; do sleep 0.05; "
-        "n=$((n+1)); done; "
-        "if ! grep -qx 'populated 1' $d/cgroup.events 2>/dev/null; "
-        "then echo 0 > $u/cgroup.freeze; exit 1; fi; "
-        "systemctl kill -s KILL sandbench-worker@lab-a; "
-        # the unit's cgroup goes when its processes are gone; a thawed leftover never freezes
-        # the restarted worker (RestartSec=5)
+        f"{FREEZE}; systemctl kill -s KILL sandbench-worker@lab-a; "
         "sleep 1; echo 0 > $u/cgroup.freeze 2>/dev/null; true"
     )
     key, memory_max, cpus = mid_environment(made, "lab-a", campaign, kill)[:3]
     assert key.startswith(f"{campaign}_lab-a_") and memory_max == str(2 << 30) and cpus == "0-1"
-    # 2. A power cut of lab-b mid-environment; it boots again while the broker is cut.
-    mid_environment(made, "lab-b", campaign)
+    # 2. A power cut of lab-b mid-environment (frozen first, as above); it boots again while the
+    # broker is cut.
+    mid_environment(made, "lab-b", campaign, FREEZE)
     labmod.kill(made, "lab-b")
     labmod.start(made, "lab-b")
     # 3. The broker's guest (Redis with its append-only file, and the coordinator) cut while
