@@ -95,3 +95,59 @@ def test_host_clean_empties_the_trash(ext4_images: dict[bool, Path]) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert json.loads(again.stdout)["trash_emptied"] == 0
+
+
+def write_blocks(path: Path, size: int, byte: bytes = b"\1") -> None:
+    """A file of ``size`` bytes with every block allocated (not a hole), written back."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(byte * size)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def test_large_files_are_deleted_at_once_and_the_rest_is_trashed(
+    ext4_images: dict[bool, Path],
+) -> None:
+    """A removed environment's files with 1 MiB or more allocated are unlinked at once (one freed
+    inode each, most of the space), the rest goes to the trash whole; a link to a large file
+    outside is kept as a link and its target is untouched; a large hole is kept."""
+    root = ext4_images[False]
+    outside = root / "outside.bin"
+    write_blocks(outside, 2 * trash.LARGE_FILE_BYTES, b"\7")
+    env = root / ledger.ENVS_DIR / "e-large"
+    write_blocks(env / "workspace" / "big.bin", 2 * trash.LARGE_FILE_BYTES)
+    write_blocks(env / "workspace" / "deep" / "er" / "big.bin", trash.LARGE_FILE_BYTES)
+    write_blocks(env / "workspace" / "small.txt", 4096)
+    with open(env / "workspace" / "hole.bin", "wb") as f:
+        f.truncate(8 * trash.LARGE_FILE_BYTES)
+    (env / "workspace" / "link").symlink_to(outside)
+    (env / "workspace" / "hard.bin").hardlink_to(outside)
+    before = os.statvfs(root).f_bavail
+    assert trash.discard(env, root) == []
+    assert trash.held(root) == 1 and not env.exists()
+    kept = next(p for p in (root / trash.TRASH_DIR).iterdir() if p.is_dir()) / "workspace"
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*")) == [
+        "deep", "deep/er", "hole.bin", "link", "small.txt",
+    ]  # fmt: skip
+    assert (kept / "link").is_symlink() and (kept / "hole.bin").stat().st_size > 0
+    assert outside.read_bytes() == b"\7" * (2 * trash.LARGE_FILE_BYTES)
+    freed = (os.statvfs(root).f_bavail - before) * os.statvfs(root).f_frsize
+    # the two large files (less the trash's own directory and note), not the hard link's target
+    assert freed >= 3 * trash.LARGE_FILE_BYTES - (64 << 10), freed
+
+
+def test_large_files_do_not_fill_the_trash_past_its_budget(
+    ext4_images: dict[bool, Path],
+) -> None:
+    """An environment whose large files alone exceed the budget does not empty the trash: they
+    are deleted at once, so what the trash holds (and waits to delete) stays its small files."""
+    root = ext4_images[False]
+    run_one(root, 0)
+    start = json.loads((root / trash.TRASH_DIR / trash.SINCE_FILE).read_text())["bytes"]
+    env = root / ledger.ENVS_DIR / "e-budget"
+    write_blocks(env / "workspace" / "large.bin", int(trash.BUDGET_SHARE * start) + (8 << 20))
+    write_blocks(env / "workspace" / "small.txt", 4096)
+    assert trash.over_budget(root)
+    assert trash.discard(env, root) == []
+    assert trash.held(root) == 2 and not trash.over_budget(root)
