@@ -182,6 +182,9 @@ check_broker_url() {
     "--password-file, never on the command line"
 }
 
+# The configuration is written beside the one in use ($ENV_FILE.new) and takes its place only
+# once the broker accepted it (commit_env): a re-run with a wrong --password-file leaves a
+# working host's configuration as it was.
 write_env() {
   mkdir -p "$ETC" "$HOME_DIR"
   local url; url="$(broker_url)"
@@ -194,20 +197,33 @@ write_env() {
         echo "SANDBENCH_DATA=$HOME_DIR/data"
         echo "SANDBENCH_FLOWER_AUTH=admin:$(openssl rand -hex 12)"
       fi
-    } > "$ENV_FILE"
+    } > "$ENV_FILE.new"
   )
-  chmod 0600 "$ENV_FILE"
+  chmod 0600 "$ENV_FILE.new"
+}
+
+commit_env() {
+  mv -f "$ENV_FILE.new" "$ENV_FILE"
   say "wrote $ENV_FILE (mode 0600: the broker URL with its password)"
 }
 
-# The broker answers with this host's URL and password (the env file just written), before any
-# unit starts: a wrong --password-file or an unreachable broker is one line now, not a unit
-# restarting every few seconds.
+# The broker answers with this host's URL and password (the configuration just written), before
+# anything is installed where a harness is installed already, else before any unit starts: a
+# wrong --password-file or an unreachable broker is one line now, not a unit restarting every
+# few seconds, and the configuration in use is kept.
 check_broker_answers() {
-  (set -a; . "$ENV_FILE"; set +a; sb host check-broker) || die "the broker did not accept" \
-    "this host (the line above says why): --password-file must hold the broker's" \
-    "$ETC/broker.password, and the broker must be installed with --bind an address this host" \
-    "reaches; then run this command again"
+  (set -a; . "$ENV_FILE.new"; set +a; sb host check-broker) || {
+    rm -f "$ENV_FILE.new"
+    die "the broker did not accept this host (the line above says why; $ENV_FILE is" \
+      "unchanged): --password-file must hold the broker's $ETC/broker.password, and the broker" \
+      "must be installed with --bind an address this host reaches; then run this command again"
+  }
+}
+
+# A re-run (a harness is installed): the broker is asked first, before minutes of installing.
+check_broker_early() {
+  checked=""
+  if [ -z "$root" ] && [ -x "$SANDBENCH" ]; then check_broker_answers; checked=1; fi
 }
 
 install_units() {
@@ -276,6 +292,7 @@ require_coordinator_key() {
 
 setup_worker() {
   check_broker_url; require_coordinator_key
+  write_env; check_broker_early
   [ -n "$root" ] || { ensure_packages; install_venv; record_commit; }
   # What Python knows, asked before anything is configured: the key, the names.
   if [ -n "$coordinator_key" ]; then
@@ -288,9 +305,10 @@ setup_worker() {
   fi
   sb host allow-command-modes "$allow_modes" --home "$ETC" --keep ||
     die "the worker was not set up (the line above says why)"
-  write_env; install_units; install_wrapper
+  install_units; install_wrapper
+  [ -n "$checked" ] || [ -n "$root" ] || check_broker_answers
+  commit_env
   [ -n "$root" ] && return
-  check_broker_answers
   # restart, not only start: an install over an older one runs the new code (a running environment
   # finishes first: the warm shutdown)
   systemctl enable "sandbench-worker@$host" && systemctl restart "sandbench-worker@$host"
@@ -299,10 +317,12 @@ setup_worker() {
 
 setup_coordinator() {
   check_broker_url
+  write_env; check_broker_early
   [ -n "$root" ] || { ensure_packages; install_venv; record_commit; }
-  write_env; install_units; install_wrapper
+  install_units; install_wrapper
+  [ -n "$checked" ] || [ -n "$root" ] || check_broker_answers
+  commit_env
   [ -n "$root" ] && return
-  check_broker_answers
   # The coordinator's key: signs the expansion, every spec, the logs.
   sb coordinator init --export "$ETC"
   systemctl enable sandbench-coordinator sandbench-flower

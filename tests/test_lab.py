@@ -250,16 +250,22 @@ def test_a_bad_set_up_gets_one_clear_line(lab: tuple[labmod.Lab, Fleet]) -> None
     finally:
         sh(made, "lab-a", f"rm -r {dropin} && systemctl daemon-reload && "
            "systemctl restart sandbench-worker@lab-a")  # fmt: skip
-    # A wrong password file: install.sh says so before it starts the unit (which runs on).
+    # A wrong password file: install.sh says so first (a harness is installed: before the
+    # minutes of installing it again), keeps the configuration in use and the unit running.
     sh(made, "lab-a", "cp -a /etc/sandbench/sandbench.env /root/sandbench.env.good && "
        "echo wrong > /root/wrong.password")  # fmt: skip
     out = made.run("lab-a", f"{INSTALL} --role worker --host lab-a --broker {fleet.broker_url} "
                    "--password-file /root/wrong.password --coordinator-key /root/coordinator.pub "
                    f"--wheels {WHEELS} 2>&1", timeout=1800, check=False)  # fmt: skip
-    sh(made, "lab-a", "cp -a /root/sandbench.env.good /etc/sandbench/sandbench.env")
+    kept = sh(made, "lab-a", "if cmp -s /root/sandbench.env.good /etc/sandbench/sandbench.env; "
+              "then echo kept; else cp -a /root/sandbench.env.good /etc/sandbench/sandbench.env; "
+              "echo changed; fi; ls /etc/sandbench")  # fmt: skip
     assert out.returncode != 0, out.stdout
     assert "broker at lab-c:6379 refused the password" in out.stdout, out.stdout
     assert "--password-file must hold the broker's /etc/sandbench/broker.password" in out.stdout
+    assert "/etc/sandbench/sandbench.env is unchanged" in out.stdout, out.stdout
+    assert "venv in" not in out.stdout, out.stdout  # refused before installing anything
+    assert kept.startswith("kept") and "sandbench.env.new" not in kept, kept
     assert unit_property(made, "lab-a", "ActiveState") == "active"
     # Another coordinator's key where one is trusted: refused, the trusted one kept.
     sh(made, "lab-c", "sandbench coordinator init --home /root/other --export /root/other --quiet")
