@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import pytest
 from tests.conftest import require, require_binary
 from workloads import fixtures, kit, oracle
 from workloads.drive import PAYLOAD, PAYLOAD_PYTHON, drive, native_environment, payload_argv
+from workloads.protocol import Session
 from workloads.registry import WORKLOADS
 
 SEED = 11
@@ -255,3 +257,26 @@ def test_workload_writes_only_under_root(name: str, cache: Path, tmp_path: Path)
         SEED, 0.02, 3, fixture=fixtures.ensure_fixture(name, SEED, 0.02, cache)
     )
     assert oracle.compare(ws, model) == []
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_the_last_check_prepares_no_round_after_it(last: bool, cache: Path, tmp_path: Path) -> None:
+    """``check k`` makes round k+1's inputs (the working-set schedule, seeded bytes) unless the
+    host says no round follows (``next: false``, the last round's check): the payload's own
+    session, in this process, on a real workspace; the values made ahead are what it kept."""
+    argv = payload_argv("ws64-w1", SEED, 0.02, workspace("ws64-w1", cache, tmp_path))
+    requests = [{"op": "check", "k": 0}, {"op": "round", "k": 1},
+                {"op": "check", "k": 1, "next": not last}, {"op": "exit"}]  # fmt: skip
+    answers = io.StringIO()
+    kit.forget_prepared()
+    try:
+        code = Session(answers).serve(argv[argv.index("--workload"):],
+                                      [json.dumps(m) for m in requests])  # fmt: skip
+        made = dict(kit._AHEAD)  # what the session made ahead: the observable
+    finally:
+        kit.forget_prepared()
+    lines = [json.loads(line) for line in answers.getvalue().splitlines()]
+    assert code == 0 and [m["op"] for m in lines] == ["checked", "done", "checked"], lines
+    assert all(m["validated"] for m in lines if m["op"] == "checked"), lines
+    schedules = {key[2] for key in made if key[0] == "ws-schedule"}
+    assert schedules == (set() if last else {2}), sorted(map(str, made))

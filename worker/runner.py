@@ -541,7 +541,7 @@ class _Run:
 
     def _check(self, channel: Channel, k: int, deadline: int) -> Message:
         """Ask the payload to check round ``k`` (and prepare k+1's inputs), outside the clock."""
-        request = {"op": "check", "k": k}
+        request = {"op": "check", "k": k, "next": k < self.spec.rounds}
         with self.timed("drive.checks"):
             return self._ask(channel, request, "checked", f"check of round {k}", deadline)
 

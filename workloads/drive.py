@@ -96,7 +96,8 @@ def _converse(proc: subprocess.Popen[str], rounds: list[int], result: Drive) -> 
         start = time.monotonic()
         answered = _ask(proc, {"op": "round", "k": k}, result, "done")
         result.round_s.append(time.monotonic() - start)
-        if not answered or not _ask(proc, {"op": "check", "k": k}, result, "checked"):
+        check = {"op": "check", "k": k, "next": k != rounds[-1]}
+        if not answered or not _ask(proc, check, result, "checked"):
             break
     else:
         _send(proc, '{"op": "exit"}')

@@ -82,8 +82,9 @@ class Session:
 
     ``round k`` -> work and in-environment sync -> ``done k`` (digest; ``validated`` when the
     check was immediate). ``check k`` (after the host stopped the round clock) -> the round's
-    read-back check -> ``checked k`` (digest, validated), then round k+1's inputs are generated;
-    ``check 0`` right after ready generates round 1's. A round may follow without a check.
+    read-back check -> round k+1's inputs generated (not after the last round: the host sends
+    ``next: false``) -> ``checked k`` (digest, validated); ``check 0`` right after ready generates
+    round 1's. A round may follow without a check.
     """
 
     def __init__(self, channel: Any) -> None:
@@ -113,7 +114,8 @@ class Session:
                 if msg.get("op") == "round":
                     self.round(msg.get("k"), lambda k: workload.round(root, seed, p, k))
                 elif msg.get("op") == "check":
-                    self.check(msg.get("k"), lambda k: inputs(seed, p, k))
+                    more = msg.get("next", True) is not False
+                    self.check(msg.get("k"), lambda k: inputs(seed, p, k), more=more)
                 elif msg.get("op") != "noop":
                     raise PayloadError(f"unknown request {line.strip()!r}")
             raise PayloadError("stdin closed before exit")
@@ -137,8 +139,9 @@ class Session:
             self.send({"op": "done", "k": k, "digest": None, "validated": None, "cpu_s": cpu_s})
         self.done = k
 
-    def check(self, k: Any, prepare: Callable[[int], None]) -> None:
-        """Check round ``k`` (the last one done; 0: none yet), then prepare round k+1's inputs."""
+    def check(self, k: Any, prepare: Callable[[int], None], *, more: bool = True) -> None:
+        """Check round ``k`` (the last one done; 0: none yet), then prepare round k+1's inputs
+        unless the host said no round follows (``next: false``: the last check)."""
         self.k = k
         if k != self.done or not isinstance(k, int):
             raise PayloadError(f"check of round {k!r}: the last round done is {self.done}")
@@ -147,7 +150,7 @@ class Session:
         digest, ok = result if result is not None else (None, k == 0)
         self.pending = None
         forget_prepared()
-        if k < MAX_ROUNDS:
+        if more and k < MAX_ROUNDS:
             prepare(k + 1)
         self.send({"op": "checked", "k": k, "digest": digest, "validated": bool(ok)})
 
