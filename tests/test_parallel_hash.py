@@ -1,5 +1,6 @@
 """The oracle's and the staged snapshot's hashes with large files hashed in parallel: the same
-SHA-256 as ``sha256sum`` gives, and a changed byte in any file still seen."""
+SHA-256 as ``sha256sum`` gives, and a changed byte in any file still seen; the
+staged original's hole-aware digest of sparse files."""
 
 from __future__ import annotations
 
@@ -77,3 +78,69 @@ def test_a_copys_snapshot_takes_its_fixtures_hashes_and_still_sees_a_bad_copy(
     assert before[str(files[0].relative_to(fixture))] != snapshot(copy)["big/f0.bin"]
     assert before["small1.txt"] == snapshot(copy)["small1.txt"]
     assert snapshot_diff(before, snapshot(copy)) == ["changed big/f0.bin"]
+
+
+def sparse_tree(root: Path) -> tuple[Path, Path]:
+    """A 1 GiB file that is all hole, and a 64 MiB one with data at 1 MiB and at its end."""
+    empty, mixed = root / "ws" / "empty.bin", root / "ws" / "mixed.bin"
+    empty.parent.mkdir(parents=True)
+    with open(empty, "wb") as f:
+        f.truncate(1 << 30)
+    with open(mixed, "wb") as f:
+        f.truncate(64 << 20)
+        f.seek(1 << 20)
+        f.write(os.urandom(8192))
+        f.seek((64 << 20) - 4096)
+        f.write(os.urandom(4096))
+    (root / "small.txt").write_bytes(b"dense")
+    return empty, mixed
+
+
+def read_bytes_so_far() -> int:
+    """What this process has read through read(2) and its kin (``rchar``)."""
+    io_text = Path("/proc/self/io").read_text()
+    return int(next(line.split()[1] for line in io_text.splitlines() if line.startswith("rchar")))
+
+
+def test_a_sparse_original_is_hashed_by_its_data_and_a_change_is_still_seen(
+    tmp_path: Path,
+) -> None:
+    """With ``holes`` (the staged original's check), sparse files get the hole-aware digest and
+    their holes are not read; the check after (``like``) takes the same kind of digest, reports
+    nothing for an untouched tree, and sees one byte written into a hole or into a data region,
+    and a file grown by a hole."""
+    empty, mixed = sparse_tree(tmp_path)
+    read = read_bytes_so_far()
+    before = snapshot(tmp_path, holes=True)
+    assert read_bytes_so_far() - read < (1 << 20)  # the 1 GiB and 64 MiB of holes not read
+    assert before["ws/empty.bin"][-1].startswith("holes:")
+    assert before["ws/mixed.bin"][-1].startswith("holes:")
+    assert not before["small.txt"][-1].startswith("holes:")  # dense: the content's SHA-256
+    assert snapshot_diff(before, snapshot(tmp_path, like=before)) == []
+    with open(empty, "r+b") as f:  # one byte into the hole
+        f.seek(512 << 20)
+        f.write(b"\1")
+    with open(mixed, "r+b") as f:  # one byte of the data region flipped
+        f.seek((1 << 20) + 100)
+        byte = f.read(1)
+        f.seek((1 << 20) + 100)
+        f.write(bytes([byte[0] ^ 1]))
+    assert snapshot_diff(before, snapshot(tmp_path, like=before)) == [
+        "changed ws/empty.bin", "changed ws/mixed.bin",
+    ]  # fmt: skip
+    again = snapshot(tmp_path, holes=True)
+    with open(mixed, "r+b") as f:
+        f.truncate((64 << 20) + 4096)  # grown by a hole: same data, another size
+    assert snapshot_diff(again, snapshot(tmp_path, like=again)) == ["changed ws/mixed.bin"]
+
+
+def test_a_hole_aware_digest_equals_for_equal_content_and_layout(tmp_path: Path) -> None:
+    """The same sparse file copied with its holes (``cp --sparse=always``) has the same
+    hole-aware digest; without ``holes`` the snapshot is the content's SHA-256 as before."""
+    sparse_tree(tmp_path / "a")
+    subprocess.run(["cp", "-a", "--sparse=always", str(tmp_path / "a"), str(tmp_path / "b")],
+                   check=True)  # fmt: skip
+    a, b = snapshot(tmp_path / "a", holes=True), snapshot(tmp_path / "b", holes=True)
+    assert snapshot_diff(a, b) == []
+    plain = snapshot(tmp_path / "a")
+    assert plain["ws/mixed.bin"][-1] == scan(tmp_path / "a")["ws/mixed.bin"].sha256

@@ -401,7 +401,7 @@ class _Run:
         if self.mode.staged:
             with self.timed("prepare.snapshot"):  # the fixture's hashes, its scan cached
                 known, _ = scan_cached(fixture, ignore)
-                self.original = snapshot(workspace, known)
+                self.original = snapshot(workspace, known, holes=True)
         try:  # a file the harness would otherwise create after the sync
             (env_dir / STDERR_FILE).touch()
         except OSError as exc:
@@ -687,7 +687,7 @@ class _Run:
         """For staged modes: is the original workspace byte-identical to its snapshot?"""
         if self.original is None or self.env is None:
             return
-        changes = snapshot_diff(self.original, snapshot(self.env.workspace))
+        changes = snapshot_diff(self.original, snapshot(self.env.workspace, like=self.original))
         self.seen.original_intact = not changes
         if changes:
             self.seen.modified = "original workspace changed: " + "; ".join(changes[:5])
