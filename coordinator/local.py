@@ -169,7 +169,8 @@ class LocalExecutor:
         hooks = None
         if following is not None:
             start = partial(self._start_ahead, following)
-            hooks = Following(start=start, wait=self.ahead.wait, spawn=self.ahead.spawn)
+            hooks = Following(start=start, wait=self.ahead.wait, spawn=self.ahead.spawn,
+                              ready=self.ahead.ready)  # fmt: skip
         return run_planned(
             signed, self.host, self.failures, stop=self.stop,
             prepared=self.ahead.take(signed), following=hooks,

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from contract.records import EnvironmentSpec
 from tests.conftest import REPO
 from worker import ledger, trash
@@ -137,11 +139,13 @@ def test_large_files_are_deleted_at_once_and_the_rest_is_trashed(
     assert freed >= 3 * trash.LARGE_FILE_BYTES - (64 << 10), freed
 
 
+@pytest.mark.parametrize("defer_large", [False, True])
 def test_large_files_do_not_fill_the_trash_past_its_budget(
-    ext4_images: dict[bool, Path],
+    defer_large: bool, ext4_images: dict[bool, Path]
 ) -> None:
     """An environment whose large files alone exceed the budget does not empty the trash: they
-    are deleted at once, so what the trash holds (and waits to delete) stays its small files."""
+    are deleted (at once, or, left for the wait after it, before the budget is judged), so what
+    the trash holds and waits to delete stays its small files."""
     root = ext4_images[False]
     run_one(root, 0)
     start = json.loads((root / trash.TRASH_DIR / trash.SINCE_FILE).read_text())["bytes"]
@@ -149,5 +153,34 @@ def test_large_files_do_not_fill_the_trash_past_its_budget(
     write_blocks(env / "workspace" / "large.bin", int(trash.BUDGET_SHARE * start) + (8 << 20))
     write_blocks(env / "workspace" / "small.txt", 4096)
     assert trash.over_budget(root)
-    assert trash.discard(env, root) == []
+    assert trash.discard(env, root, defer_large=defer_large) == []
     assert trash.held(root) == 2 and not trash.over_budget(root)
+    assert not any(p.name.endswith(trash.LARGE_SUFFIX) for p in (root / trash.TRASH_DIR).iterdir())
+
+
+def test_deferred_large_files_are_deleted_while_the_wait_lasts(
+    ext4_images: dict[bool, Path],
+) -> None:
+    """With ``defer_large`` the directory is trashed whole and marked; ``delete_large_while``
+    deletes its large files a file at a time while ``busy()`` holds, stops the moment it turns
+    false (the mark stays, the rest waits), and a later call finishes and drops the mark."""
+    root = ext4_images[False]
+    env = root / ledger.ENVS_DIR / "e-deferred"
+    for i in range(3):
+        write_blocks(env / "workspace" / f"large-{i}.bin", trash.LARGE_FILE_BYTES)
+    write_blocks(env / "workspace" / "small.txt", 4096)
+    assert trash.discard(env, root, defer_large=True) == []
+    (marked,) = (p for p in (root / trash.TRASH_DIR).iterdir() if p.is_dir())
+    assert marked.name.endswith(trash.LARGE_SUFFIX)
+    assert len(list((marked / "workspace").iterdir())) == 4  # nothing deleted yet
+
+    def untouched() -> bool:  # busy until the first file is gone
+        return len(list((marked / "workspace").iterdir())) == 4
+
+    assert trash.delete_large_while(root, untouched) is False
+    assert marked.is_dir() and len(list((marked / "workspace").iterdir())) == 3
+    assert trash.delete_large_while(root, lambda: True) is True
+    (kept,) = (p for p in (root / trash.TRASH_DIR).iterdir() if p.is_dir())
+    assert not kept.name.endswith(trash.LARGE_SUFFIX)
+    assert [p.name for p in (kept / "workspace").iterdir()] == ["small.txt"]
+    assert trash.delete_large_while(root, lambda: True) is True  # nothing marked: done at once

@@ -80,6 +80,11 @@ class Ahead:
         if (pending := self._pending) is not None:
             pending.done.wait()
 
+    def ready(self) -> bool:
+        """Whether no preparation is under way (never blocks)."""
+        pending = self._pending
+        return pending is None or pending.done.is_set()
+
     def spawn(self) -> None:
         """Start the launcher's shim of what was prepared ahead (``Following.spawn``: called
         on the thread that will drive it, once its preparation has ended)."""

@@ -105,6 +105,9 @@ class Following:
     # this environment's cleanup has ended: the next one's launcher shim may start, on this
     # thread (its parent), and join its cgroup while this record is stored (``_Run.start_shim``)
     spawn: Callable[[], None] = lambda: None
+    # whether that preparation has ended (never blocks): while it has not, the cleanup's wait
+    # deletes the trash's large files (``worker.trash.delete_large_while``)
+    ready: Callable[[], bool] | None = None
 
 
 def run_environment(
@@ -419,10 +422,22 @@ class _Run:
         except OSError as exc:
             raise Failed(os_reason(exc), f"syncing the prepared environment: {exc}") from exc
 
-    def _wait_for_next(self) -> None:
-        """Until the next environment's preparation, if started, has ended (module's text)."""
+    def _wait_window(self) -> Callable[[], bool] | None:
+        """Whether the next environment's preparation is under way, as a poll, if the cleanup
+        will wait for it (then the trash's large files are deleted in that wait); else None."""
+        following = self.following
+        if self._started_next and following is not None and following.ready is not None:
+            ready = following.ready
+            return lambda: not ready()
+        return None
+
+    def _wait_for_next(self, window: Callable[[], bool] | None = None) -> None:
+        """Until the next environment's preparation, if started, has ended (module's text);
+        while it runs, the large files the trash holds are deleted (``window``)."""
         if self._started_next and self.following is not None:
             with self.timed("cleanup.wait"):
+                if window is not None and self.base is not None:
+                    trash.delete_large_while(self.work_root, window)
                 self.following.wait()
 
     def _spawn_next(self) -> None:
@@ -816,9 +831,11 @@ class _Run:
             except SandbenchError as exc:
                 problems.append(str(exc))
         if self.base is not None:  # first: deleted (or trashed) files' pages can then go
+            window = self._wait_window()
             with self.timed("cleanup.remove"):
-                problems.extend(trash.discard(self.base, self.work_root))
-            self._wait_for_next()
+                problems.extend(trash.discard(self.base, self.work_root,
+                                              defer_large=window is not None))  # fmt: skip
+            self._wait_for_next(window)
             try:  # the removal written back, so the metadata pages it dirtied can go too
                 with self.timed("cleanup.sync"):
                     syncfs(self.work_root)

@@ -6,17 +6,21 @@ such inode: deleting an environment's files at its cleanup slows the next enviro
 and their measured creates, and metadata results drift with the run order
 (``benchmarks/inode_reuse.py``). There, an environment's directory is not deleted at cleanup but
 renamed into ``<work root>/trash/`` (one rename; its write-back is in the syncfs after it), so
-a campaign frees no inode of its own workspaces while it runs. Its large files are deleted at
-once before the rename (``LARGE_FILE_BYTES``): each frees one inode, which no later create
+a campaign frees no inode of its own workspaces while it runs. Its large files
+(``LARGE_FILE_BYTES``) are deleted all the same: each frees one inode, which no later create
 notices, and most of the space, which the trash would otherwise hold (the full-scale
 working-set workloads leave 1-2 GiB an environment in a few files: a full campaign's trash
-passed its budget on them and put a 12 s emptying in one cleanup). The trash is emptied:
+passed its budget on them and put a 12 s emptying in one cleanup). Where the next environment
+is being prepared meanwhile (``defer_large``), the directory is trashed as ``<name>.large``
+and its large files are deleted while the cleanup waits for that preparation
+(``delete_large_while``, a file at a time, its directory renamed without ``.large`` once none
+is left), else before the rename. The trash is emptied:
 
 * when it has grown past its budget: the file system's free space or free inodes fell by more
   than ``BUDGET_SHARE`` of what was free when the trash was started (the space of anything else
   written meanwhile counts too, so it is emptied early, never late), or below
-  ``FLOOR_SHARE`` of the whole file system. Then the penalty lands once, in that environment's
-  cleanup;
+  ``FLOOR_SHARE`` of the whole file system, and deleting the large files it still holds does
+  not bring it back under. Then the penalty lands once, in that environment's cleanup;
 * by ``sandbench host clean`` (and by nothing else: a worker's start leaves it).
 
 Elsewhere (a journal, Btrfs, tmpfs) the directory is deleted at once, as before.
@@ -29,6 +33,7 @@ import json
 import os
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from worker.hostinfo import NO_JOURNAL, work_root_journal
@@ -38,9 +43,10 @@ TRASH_DIR = "trash"  # under the work root
 SINCE_FILE = ".since.json"  # the file system's free space and inodes when the trash started
 BUDGET_SHARE = 0.25
 FLOOR_SHARE = 0.10
-# A regular file with at least this much allocated is deleted at once rather than trashed: one
-# freed inode per MiB at most, against thousands in a tree of small files.
+# A regular file with at least this much allocated is deleted rather than trashed: one freed
+# inode per MiB at most, against thousands in a tree of small files.
 LARGE_FILE_BYTES = 1 << 20
+LARGE_SUFFIX = ".large"  # a trashed directory whose large files are still to be deleted
 
 
 def defers(work_root: Path) -> bool:
@@ -49,32 +55,56 @@ def defers(work_root: Path) -> bool:
     return work_root_journal(work_root) == NO_JOURNAL
 
 
-def discard(path: Path, work_root: Path) -> list[str]:
+def discard(path: Path, work_root: Path, *, defer_large: bool = False) -> list[str]:
     """Remove the environment directory ``path`` (inside ``work_root``): into the trash where
     deletions slow creates, else deleted; the trash is emptied when over its budget. Problems,
-    as ``remove_tree`` gives them."""
+    as ``remove_tree`` gives them. ``defer_large``: its large files are left for
+    ``delete_large_while`` (the caller waits for the next environment's preparation next)."""
     if not defers(work_root):
         return remove_tree(path, work_root)
     problems = [f"unmount {m}: errno {e}" for m, e in unmount_below(path.resolve()) if e]
     trash = work_root / TRASH_DIR
     since = trash / SINCE_FILE
-    delete_large_files(path)
+    if not defer_large:
+        delete_large_files(path)
     try:
         trash.mkdir(exist_ok=True)
         if not since.exists():
             free = os.statvfs(work_root)
             since.write_text(json.dumps({"bytes": _free_bytes(free), "inodes": free.f_favail}))
-        path.rename(trash / f"{path.name}-{time.time_ns()}")
+        suffix = LARGE_SUFFIX if defer_large else ""
+        path.rename(trash / f"{path.name}-{time.time_ns()}{suffix}")
     except OSError:  # another file system below the work root, a full disk: delete it now
         return problems + remove_tree(path, work_root)
     if over_budget(work_root):
-        problems += empty(work_root)
+        delete_large_while(work_root, lambda: True)
+        if over_budget(work_root):
+            problems += empty(work_root)
     return problems
 
 
-def delete_large_files(path: Path) -> int:
+def delete_large_while(work_root: Path, busy: Callable[[], bool]) -> bool:
+    """Delete the large files of the trashed directories still marked ``.large``, a file at a
+    time, while ``busy()``; each directory done loses its mark. Whether none is left."""
+    trash = work_root / TRASH_DIR
+    try:
+        marked = sorted(p for p in trash.iterdir() if p.name.endswith(LARGE_SUFFIX))
+    except OSError:  # no trash
+        return True
+    for directory in marked:
+        if not busy():
+            return False
+        if delete_large_files(directory, busy) is None:
+            return False
+        with contextlib.suppress(OSError):  # a rename that fails leaves the mark: walked again
+            directory.rename(directory.with_name(directory.name.removesuffix(LARGE_SUFFIX)))
+    return True
+
+
+def delete_large_files(path: Path, busy: Callable[[], bool] = lambda: True) -> int | None:
     """Unlink every regular file below ``path`` with at least ``LARGE_FILE_BYTES`` allocated
-    (a hole costs nothing to keep); how many. No link is followed and no other file system is
+    (a hole costs nothing to keep); how many, or None if ``busy()`` turned false first (asked
+    before each directory and each file). No link is followed and no other file system is
     entered; a file that cannot be unlinked stays for the trash."""
     try:
         device = os.lstat(path).st_dev
@@ -82,6 +112,8 @@ def delete_large_files(path: Path) -> int:
         return 0
     deleted, stack = 0, [str(path)]
     while stack:
+        if not busy():
+            return None
         with contextlib.suppress(OSError), os.scandir(stack.pop()) as entries:
             for entry in entries:
                 try:
@@ -91,6 +123,8 @@ def delete_large_files(path: Path) -> int:
                     if stat.S_ISDIR(info.st_mode):
                         stack.append(entry.path)
                     elif stat.S_ISREG(info.st_mode) and info.st_blocks * 512 >= LARGE_FILE_BYTES:
+                        if not busy():
+                            return None
                         os.unlink(entry.path)
                         deleted += 1
                 except OSError:  # gone, or not ours to unlink: it stays for the trash
