@@ -436,7 +436,7 @@ class _Run:
         while it runs, the large files the trash holds are deleted (``window``)."""
         if self._started_next and self.following is not None:
             with self.timed("cleanup.wait"):
-                if window is not None and self.base is not None:
+                if window is not None:
                     trash.delete_large_while(self.work_root, window)
                 self.following.wait()
 

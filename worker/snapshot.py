@@ -71,7 +71,7 @@ def _by_holes(rel: str, info: os.stat_result, holes: bool, like: Snapshot | None
     """Whether the file ``rel`` gets ``holes_digest`` (see ``snapshot``)."""
     if like is not None:
         before = like.get(rel)
-        return before is not None and str(before[-1]).startswith(HOLES)
+        return before is not None and before[0] == "file" and str(before[-1]).startswith(HOLES)
     return holes and info.st_blocks * 512 < info.st_size
 
 
