@@ -87,6 +87,15 @@ FAULTS = {
         "oops",
         options=STAGED_COPY,
     ),
+    # a tree of more than APART_ENTRIES entries: the check runs in a process of its own
+    "staged-runtime-writes-a-large-original": Fault(
+        "touch {workspace}/oops && exec {payload_argv}",
+        "workspace-modified",
+        "oops",
+        workload="delete-tree",
+        fields={"scale": 0.2},
+        options=STAGED_COPY,
+    ),
     "killed-by-a-signal-mid-round": Fault(
         KILLING_GIT, "round-error", "round 1", workload="repo-inspect"
     ),

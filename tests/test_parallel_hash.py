@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from worker.snapshot import snapshot, snapshot_diff
+from worker.snapshot import APART_ENTRIES, snapshot, snapshot_after, snapshot_apart, snapshot_diff
 from workloads.oracle import PARALLEL_BYTES, scan
 
 
@@ -144,3 +144,34 @@ def test_a_hole_aware_digest_equals_for_equal_content_and_layout(tmp_path: Path)
     assert snapshot_diff(a, b) == []
     plain = snapshot(tmp_path / "a")
     assert plain["ws/mixed.bin"][-1] == scan(tmp_path / "a")["ws/mixed.bin"].sha256
+
+
+def test_a_large_trees_check_in_a_process_of_its_own_is_the_same_snapshot(
+    tmp_path: Path,
+) -> None:
+    """The staged original's check after the run of a tree of ``APART_ENTRIES`` entries or
+    more runs in a separate process (``snapshot_after``) and gives the very snapshot the
+    in-process walk gives: links, permission bits, a name that is not UTF-8, the hole-aware
+    digests where the snapshot before had them; and it sees a changed byte, a removed file and
+    an added one."""
+    sparse_tree(tmp_path)
+    (tmp_path / "tools").mkdir()
+    for i in range(APART_ENTRIES):
+        (tmp_path / "tools" / f"f{i:04d}").write_bytes(b"x" * (i % 7))
+    (tmp_path / "tools" / "f0001").chmod(0o751)
+    (tmp_path / "link").symlink_to("tools/f0002")
+    odd = os.fsdecode(b"odd-\xff-name")
+    (tmp_path / odd).write_bytes(b"not utf-8")
+    before = snapshot(tmp_path, holes=True)
+    assert len(before) >= APART_ENTRIES
+    assert snapshot_apart(tmp_path, before) == snapshot(tmp_path, like=before)
+    assert snapshot_diff(before, snapshot_after(tmp_path, before)) == []
+    (tmp_path / "tools" / "f0003").write_bytes(b"xxy")
+    (tmp_path / "tools" / "f0004").unlink()
+    (tmp_path / "tools" / "new").write_bytes(b"")
+    with open(tmp_path / "ws" / "mixed.bin", "r+b") as f:
+        f.seek(100 << 10)
+        f.write(b"\1")  # into a hole
+    assert snapshot_diff(before, snapshot_apart(tmp_path, before)) == [
+        "missing tools/f0004", "extra tools/new", "changed tools/f0003", "changed ws/mixed.bin",
+    ]  # fmt: skip

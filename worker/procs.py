@@ -92,16 +92,19 @@ def owned_process(
 
 
 def run_owned(
-    argv: Sequence[str], timeout_s: float, **popen: Any
+    argv: Sequence[str], timeout_s: float, stdin_text: str | None = None, **popen: Any
 ) -> subprocess.CompletedProcess[str]:
-    """Run a short helper command to completion (text output), killing it past ``timeout_s``."""
+    """Run a short helper command to completion (text output, ``stdin_text`` on its standard
+    input), killing it past ``timeout_s``."""
     popen.setdefault("stdout", subprocess.PIPE)
     popen.setdefault("stderr", subprocess.PIPE)
+    if stdin_text is not None:
+        popen["stdin"] = subprocess.PIPE
     with owned_process(argv, text=True, **popen) as proc:
         out: str
         err: str
         try:
-            out, err = proc.communicate(timeout=timeout_s)
+            out, err = proc.communicate(stdin_text, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             out, err = "", f"{argv[0]}: no exit within {timeout_s} s"
             kill_process(proc)

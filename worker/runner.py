@@ -66,7 +66,7 @@ from worker.failure import LAUNCH_FAILURE_CODES, Failed, Stopped, os_reason, rea
 from worker.modes import EnvContext, HostInfo, Mode, Preflight, get_mode
 from worker.modes.base import PAYLOAD_PATH, STDERR_FILE
 from worker.procs import Shim, close_pipes, kill_process, start_shim
-from worker.snapshot import snapshot, snapshot_diff
+from worker.snapshot import snapshot, snapshot_after, snapshot_diff
 from worker.workroot import syncfs
 from workloads.drive import PAYLOAD_PYTHON
 
@@ -674,7 +674,8 @@ class _Run:
         assert self.fixture is not None  # prepared: the workspace was copied from it
         spec = self.spec
         # staged: the original's check on a thread beside the comparison (both mostly read and
-        # hash); ``oracle.original`` is then only the time waited for it after the comparison
+        # hash; a large tree's walked by a process of its own, ``snapshot_after``);
+        # ``oracle.original`` is then only the time waited for it after the comparison
         pool = ThreadPoolExecutor(1, thread_name_prefix="original")
         original = pool.submit(self._check_original)
         try:
@@ -702,7 +703,7 @@ class _Run:
         """For staged modes: is the original workspace byte-identical to its snapshot?"""
         if self.original is None or self.env is None:
             return
-        changes = snapshot_diff(self.original, snapshot(self.env.workspace, like=self.original))
+        changes = snapshot_diff(self.original, snapshot_after(self.env.workspace, self.original))
         self.seen.original_intact = not changes
         if changes:
             self.seen.modified = "original workspace changed: " + "; ".join(changes[:5])
