@@ -90,7 +90,8 @@ def test_ensure_fixture_race(tmp_path: Path) -> None:
 
 
 def test_copy_fixture_faithful(tmp_path: Path) -> None:
-    """A copy keeps symlinks, modes, sparse files and a valid git repository."""
+    """A copy keeps symlinks, modes, sparse files and a valid git repository, and so does
+    each further copy made at the same time (a staged mode's output target)."""
     src = tmp_path / "src"
     get_workload("repo-inspect").build_fixture(src, 1, 0.02)
     (src / "link").symlink_to("repo/.git/HEAD")
@@ -98,19 +99,26 @@ def test_copy_fixture_faithful(tmp_path: Path) -> None:
     (src / "tool.sh").chmod(0o750)
     with open(src / "sparse", "wb") as f:
         f.truncate(64 << 20)
-    fixtures.copy_fixture(src, tmp_path / "dest")
-    dest = tmp_path / "dest"
-    assert fixtures.tree_digest(dest, ("repo/.git/index",)) == fixtures.tree_digest(
-        src, ("repo/.git/index",)
-    )
-    assert os.readlink(dest / "link") == "repo/.git/HEAD"
-    assert (dest / "tool.sh").stat().st_mode & 0o777 == 0o750
-    assert (dest / "sparse").stat().st_blocks * 512 < 1 << 20
-    fsck = subprocess.run(
-        ["git", "-c", "safe.directory=*", "fsck", "--strict"], cwd=dest / "repo",
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert fsck.returncode == 0, fsck.stderr
+    fixtures.copy_fixture(src, tmp_path / "dest", tmp_path / "env" / "stage" / "output")
+    for dest in (tmp_path / "dest", tmp_path / "env" / "stage" / "output"):
+        assert fixtures.tree_digest(dest, ("repo/.git/index",)) == fixtures.tree_digest(
+            src, ("repo/.git/index",)
+        )
+        assert os.readlink(dest / "link") == "repo/.git/HEAD"
+        assert (dest / "tool.sh").stat().st_mode & 0o777 == 0o750
+        assert (dest / "sparse").stat().st_blocks * 512 < 1 << 20
+        fsck = subprocess.run(
+            ["git", "-c", "safe.directory=*", "fsck", "--strict"], cwd=dest / "repo",
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert fsck.returncode == 0, fsck.stderr
+
+
+def test_copy_fixture_says_which_copy_failed(tmp_path: Path) -> None:
+    """A copy that fails (here: no such fixture) is an error naming the fixture and the
+    destination with cp's own words, not a silent empty workspace."""
+    with pytest.raises(fixtures.WorkloadError, match=r"missing -> .*/a failed: .*No such file"):
+        fixtures.copy_fixture(tmp_path / "missing", tmp_path / "a", tmp_path / "b")
 
 
 def test_copy_fixture_refuses_existing(tmp_path: Path) -> None:

@@ -380,8 +380,9 @@ class _Run:
             self.seen.provenance["payload_bytecode"] = bytecode
             with self.timed("prepare.fixture"):
                 fixture = ensure_fixture(spec.workload, spec.seed, spec.scale, fixtures)
-            with self.timed("prepare.copy"):
-                self.seen.provenance["workspace_copy"] = copy_fixture(fixture, workspace)
+            with self.timed("prepare.copy"):  # the mode's own copies made at the same time
+                more = [env_dir / rel for rel in self.mode.fixture_copies]
+                self.seen.provenance["workspace_copy"] = copy_fixture(fixture, workspace, *more)
             self.fixture = fixture
         except SandbenchError:  # bad input (a scale the workload refuses): not a result
             raise

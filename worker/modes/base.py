@@ -86,6 +86,10 @@ class Mode(abc.ABC):
     # the work ran elsewhere. A guest's clock is its own (a vCPU the host throttles still
     # counts its time), so the VM modes ask less.
     reported_cpu_floor: float = 0.9
+    # Further fresh copies of the fixture the mode works with, as paths relative to its
+    # ``env_dir`` (staged: its output target); the runner makes them at the same time as the
+    # workspace's own copy, each by a process of its own, before ``prepare``.
+    fixture_copies: tuple[str, ...] = ()
     # The names of the plan options (a mode table's ``options``) it takes; a plan giving any
     # other is refused (``coordinator.plan.modes``).
     option_names: frozenset[str] = frozenset()

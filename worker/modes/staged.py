@@ -2,7 +2,8 @@
 
 The payload works in the overlay's merged view; the lower layer is the original workspace,
 which must stay byte-identical (the runner snapshots and compares it). The output target
-starts as a copy of the workspace (prepared, not timed); each round's ``sync`` walks the
+starts as a copy of the fixture the workspace was copied from (prepared by the runner beside
+the workspace's copy, ``fixture_copies``; not timed); each round's ``sync`` walks the
 upper layer and applies that round's creations, modifications and deletions (whiteouts,
 opaque directories, entries that vanished) to the output target, then makes it durable with
 one ``syncfs`` of the target's file system.
@@ -65,6 +66,7 @@ class StagedMode(Mode):
 
     name = "staged"
     staged = True
+    fixture_copies = ("stage/output",)
 
     def preflight(self, host: HostInfo) -> Preflight:
         """overlayfs is available and this process may mount it on the work root's filesystem."""
@@ -86,19 +88,26 @@ class StagedMode(Mode):
                                       "kernel": os.uname().release})  # fmt: skip
 
     def prepare(self, env: EnvContext) -> None:
-        """Overlay directories, the output target as a copy of the workspace, the mount."""
+        """Overlay directories, the output target (the runner's copy of the fixture; if there
+        is none, a copy of the workspace made here), the mount."""
         stage = env.env_dir / "stage"
         dirs = {name: stage / name for name in ("upper", "work", "merged", "output")}
-        for path in dirs.values():
-            path.mkdir(parents=True)
+        for name in ("upper", "work", "merged"):
+            dirs[name].mkdir(parents=True)
+        if not dirs["output"].exists():
+            self._copy_workspace(env, dirs["output"])
+        mount_overlay(env.workspace, dirs["upper"], dirs["work"], dirs["merged"])
+        env.state.update(stage=dirs, published={}, mounted=True)
+
+    def _copy_workspace(self, env: EnvContext, output: Path) -> None:
+        """The output target as a copy of the workspace."""
+        output.mkdir()
         copy = subprocess.run(
-            ["cp", "-a", "--reflink=auto", f"{env.workspace}/.", str(dirs["output"])],
+            ["cp", "-a", "--reflink=auto", f"{env.workspace}/.", str(output)],
             capture_output=True, text=True, timeout=PREP_TIMEOUT_S, check=False,
         )  # fmt: skip
         if copy.returncode != 0:
             raise OSError(f"copying the workspace to the output target: {copy.stderr.strip()}")
-        mount_overlay(env.workspace, dirs["upper"], dirs["work"], dirs["merged"])
-        env.state.update(stage=dirs, published={}, mounted=True)
 
     def launcher(self, env: EnvContext) -> list[str]:
         """The payload, rooted at the overlay's merged view."""
