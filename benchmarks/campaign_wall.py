@@ -11,20 +11,25 @@ the wall time:
 * ``btrfs``: ``full`` on a loop-mounted Btrfs work root (reflink workspaces): >= 85%.
 
 The fixtures (read-only, built once per host and work root) are built before each campaign, as
-a lab host has them after its first campaign. The ext4 work roots are kept for their fixtures,
-so their trash (``worker/trash.py``: on ext4 without a journal a campaign's removed workspaces
-are renamed into it, deleted when it outgrows its budget or by ``sandbench host clean``) is
-emptied before each campaign: an earlier run's directories are not this campaign's to delete
-(one full run leaves 3.7 GiB; emptying 15 GiB of them cost one environment's cleanup 16 s). What
-the campaign leaves there is counted and deleted after it, and that deletion's time printed
-beside the figures: work deferred past the campaign, not done by nobody. Every campaign must
-verify (``sandbench run``
-verifies at its end), and one that does not complete or verify prints no figure. Exit status:
-0 every target met, 1 a target missed, 2 a campaign failed. Nothing else should run on the
-machine meanwhile (2 cores).
+a lab host has them after its first campaign. The ext4 work roots are kept for their fixtures.
+Their trash (``worker/trash.py``: on ext4 without a journal a campaign's removed workspaces are
+renamed into it, deleted when it outgrows its budget or by ``sandbench host clean``) is emptied
+after each campaign, and what that deletion took is printed beside the figures: work deferred
+past the campaign, not done by nobody. An earlier run's trash found before a campaign is not
+this campaign's to delete and is emptied before it. On ext4 without a journal a deletion then
+slows every create near the freed inodes for 5 min 30 s (an inode freed in the last 30 s, or 5
+min 30 s while its inode table block is dirty, which a create beside it makes it, is passed
+over by every create, one buffer lookup each): a campaign started right after the trash was
+emptied pays for that deletion in every workspace copy (2026-12-06: readdir-wide's copy 0.8-1.0
+s against 0.19 s). So a campaign on such a work root starts only once ``REUSE_WINDOW_S`` has
+passed since the benchmark's own last deletion on that file system, as a lab host's campaigns
+find it when nobody emptied the trash minutes before (``--no-settle`` starts at once, as right
+after ``host clean``). Every campaign must verify (``sandbench run`` verifies at its end), and
+one that does not complete or verify prints no figure. Exit status: 0 every target met, 1 a
+target missed, 2 a campaign failed. Nothing else should run on the machine meanwhile (2 cores).
 
     .venv/bin/python benchmarks/campaign_wall.py [--configs full smoke btrfs] [--n 3]
-        [--scale 1.0] [--workloads ...] [--work-root DIR]
+        [--scale 1.0] [--workloads ...] [--work-root DIR] [--no-settle]
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ SEED = 1  # the plans' and the smoke preset's
 RUN_TIMEOUT_S = 4 * 3600
 WALL = re.compile(r"^wall time ([\d.]+) s: (.*); harness ([\d.]+) s", re.MULTILINE)
 PART = re.compile(r"(measured|preparation|oracle and checks|cleanup|sentinel) ([\d.]+) s")
+REUSE_WINDOW_S = 5.5 * 60 + 10  # ext4 without a journal: see the module's text
+DELETED: dict[int, float] = {}  # device -> when this benchmark last deleted a trash there
 AHEAD = re.compile(r"preparation done ahead, beside the environment before: ([\d.]+) s")
 
 
@@ -130,6 +137,8 @@ def measure(config: str, args: argparse.Namespace, scratch: Path) -> Figures | s
     if emptied[0]:
         print(f"{config}: emptied the trash earlier runs left: {emptied[0]} directories in "
               f"{emptied[1]:.1f} s (before the campaign, not in its figures)")  # fmt: skip
+    if args.settle:
+        settle(config, work_root)
     figures = run_campaign(home, work_root, plan)
     left, spent = empty_trash(work_root)
     if left:
@@ -144,7 +153,21 @@ def empty_trash(work_root: Path) -> tuple[int, float]:
     started = time.monotonic()
     if problems := trash.empty(work_root):
         raise SystemExit(f"campaign_wall: {'; '.join(problems)}")
+    if held:
+        DELETED[os.stat(work_root).st_dev] = time.monotonic()
     return held, time.monotonic() - started
+
+
+def settle(config: str, work_root: Path) -> None:
+    """Wait until ``REUSE_WINDOW_S`` has passed since this benchmark last deleted a trash on
+    ``work_root``'s file system, if it is ext4 without a journal (module's text)."""
+    deleted = DELETED.get(os.stat(work_root).st_dev)
+    if deleted is None or not trash.defers(work_root):
+        return
+    if (wait := deleted + REUSE_WINDOW_S - time.monotonic()) > 0:
+        print(f"{config}: waiting {wait:.0f} s before the campaign: on ext4 without a journal "
+              "the inodes the trash just freed slow every create for 5 min 30 s")  # fmt: skip
+        time.sleep(wait)
 
 
 def report(config: str, figures: Figures) -> bool:
@@ -172,6 +195,8 @@ def main() -> int:
     parser.add_argument("--workloads", nargs="*", default=[], help="default: all 19")
     parser.add_argument("--work-root", type=Path, default=Path("/var/tmp"),
                         help="the ext4 work roots' parent (default /var/tmp)")  # fmt: skip
+    parser.add_argument("--no-settle", dest="settle", action="store_false",
+                        help="start each campaign at once, even after a deletion")  # fmt: skip
     args = parser.parse_args()
     print(f"campaign_wall: load average at start {os.getloadavg()[0]:.2f}; "
           f"full = {args.n} x {len(args.workloads) or 19} workloads x native, staged "

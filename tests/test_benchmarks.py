@@ -97,7 +97,7 @@ def test_campaign_wall_prints_its_figures() -> None:
     require_binary("mkfs.btrfs")
     done = run_script(
         "campaign_wall.py", "--configs", "full", "btrfs", "--n", "1", "--scale", "0.02",
-        "--workloads", "publish", "seq-write",
+        "--workloads", "publish", "seq-write", "--no-settle",  # no wait after a deletion
     )  # fmt: skip
     assert done.returncode in (0, 1), done.stdout + done.stderr
     for config, target in (("full", 70), ("btrfs", 85)):
