@@ -82,7 +82,8 @@ def test_the_trash_is_emptied_past_its_budget(ext4_images: dict[bool, Path]) -> 
 
 
 def test_host_clean_empties_the_trash(ext4_images: dict[bool, Path]) -> None:
-    """``sandbench host clean`` deletes what the trash holds and says how much."""
+    """``sandbench host clean`` deletes what the trash holds, says how much, and says how long
+    creates are slow after it."""
     root = ext4_images[False]
     run_one(root, 0)
     proc = subprocess.run(
@@ -91,6 +92,7 @@ def test_host_clean_empties_the_trash(ext4_images: dict[bool, Path]) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "emptied the trash: 1 removed environments' directories" in proc.stdout
+    assert "slow for the next 5 min 30 s" in proc.stdout
     assert trash.held(root) == 0
     again = subprocess.run(
         [sys.executable, "-m", "coordinator", "host", "clean", "--work-root", str(root), "--json"],

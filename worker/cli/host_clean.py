@@ -48,6 +48,9 @@ def clean(work_root: Path, as_json: bool) -> None:
             click.echo(line)
         if held:
             click.echo(f"emptied the trash: {held} removed environments' directories")
+            click.echo("  on ext4 without a journal, files created near the inodes just freed are "
+                       "slow for the next 5 min 30 s; a campaign started sooner pays for it in "
+                       "its workspace copies (worker/trash.py)")  # fmt: skip
     if result.problems:
         raise SystemExit(1)
 
