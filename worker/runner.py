@@ -704,7 +704,12 @@ class _Run:
         """For staged modes: is the original workspace byte-identical to its snapshot?"""
         if self.original is None or self.env is None:
             return
-        changes = snapshot_diff(self.original, snapshot_after(self.env.workspace, self.original))
+        try:
+            after = snapshot_after(self.env.workspace, self.original)
+        except OSError as exc:  # a check that cannot even look is a change, with why (the oracle's)
+            changes = [f"the check could not look: {exc}"]
+        else:
+            changes = snapshot_diff(self.original, after)
         self.seen.original_intact = not changes
         if changes:
             self.seen.modified = "original workspace changed: " + "; ".join(changes[:5])
