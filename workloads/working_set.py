@@ -11,7 +11,6 @@ import hashlib
 import math
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from workloads.kit import (
     PAGE,
@@ -179,6 +178,8 @@ def evolve_working_set(s: ModelState, seed: int, p: Params, rounds: int) -> None
     """Each block holds its last write (a slice of the seeded base buffer); untouched are zero.
     The files are hashed on threads, as many at once as the process has CPUs (each update is a
     whole block, which hashlib hashes without the GIL): ws1024-w1's 1 GiB took 1.2 s on one."""
+    from concurrent.futures import ThreadPoolExecutor  # here: the payload never models (enum, re)
+
     if not rounds:
         return
     last: dict[int, int] = {}
