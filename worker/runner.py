@@ -675,7 +675,7 @@ class _Run:
         assert self.fixture is not None  # prepared: the workspace was copied from it
         spec = self.spec
         # staged: the original's check on a thread beside the comparison (both mostly read and
-        # hash; a large tree's walked by a process of its own, ``snapshot_after``);
+        # hash; a large tree walked by a process of its own, ``snapshot_after``);
         # ``oracle.original`` is then only the time waited for it after the comparison
         pool = ThreadPoolExecutor(1, thread_name_prefix="original")
         original = pool.submit(self._check_original)

@@ -105,17 +105,18 @@ def copy_fixture(src: Path, dest: Path, *more: Path) -> str:
     workspace unshares only the extents it touches. Where the file system cannot clone, ``cp``
     copies the bytes (``--reflink=auto``). Symlinks, modes, times and holes are kept.
     """
-    for path in (dest, *more):
+    targets = (dest, *more)
+    for path in targets:
         if path.exists():
             raise WorkloadError(f"copy_fixture: {path} exists; give a fresh workspace path")
         path.parent.mkdir(parents=True, exist_ok=True)
     argv = ["cp", "-a", "--reflink=auto", "--sparse=always", "--", str(src)]
     errors, copies = [], []
     try:
-        for path in (dest, *more):
+        for path in targets:  # appended one by one: a failed start still kills those before
             copies.append(subprocess.Popen([*argv, str(path)], stdout=subprocess.DEVNULL,
                                            stderr=subprocess.PIPE, text=True))  # fmt: skip
-        for path, copy in zip((dest, *more), copies, strict=True):
+        for path, copy in zip(targets, copies, strict=True):
             err = copy.communicate()[1]
             if copy.returncode != 0:
                 errors.append(f"copy_fixture {src} -> {path} failed: {err.strip()}")
