@@ -280,3 +280,20 @@ def test_the_last_check_prepares_no_round_after_it(last: bool, cache: Path, tmp_
     assert all(m["validated"] for m in lines if m["op"] == "checked"), lines
     schedules = {key[2] for key in made if key[0] == "ws-schedule"}
     assert schedules == (set() if last else {2}), sorted(map(str, made))
+
+
+def test_the_working_set_check_sees_a_wrong_block(cache: Path, tmp_path: Path) -> None:
+    """The read-back check after a working-set round compares what it reads with the round's
+    last write of each sampled block: one flipped byte in block 0 (always sampled) fails it."""
+    from workloads import working_set
+
+    ws = workspace("ws64-w1", cache, tmp_path)
+    p = WORKLOADS["ws64-w1"].scaled(0.02)
+    check = working_set.working_set(str(ws), SEED, p, 1)
+    assert callable(check) and check()[1] is True
+    path = working_set.ws_paths(str(ws), p)[0]
+    with open(path, "r+b") as f:
+        first = f.read(1)
+        f.seek(0)
+        f.write(bytes([first[0] ^ 0xFF]))
+    assert check()[1] is False
