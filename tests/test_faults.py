@@ -96,6 +96,22 @@ FAULTS = {
         fields={"scale": 0.2},
         options=STAGED_COPY,
     ),
+    # no preparation: the original's state before is its fixture's (``fixture_snapshot``)
+    "staged-runtime-works-on-the-original": Fault(
+        "exec {payload_argv}",
+        "workspace-modified",
+        "original workspace changed",
+        options={"staged": True},
+    ),
+    # a preparation may change the original (here: adds a file): the state before is after it
+    "staged-preparation-changes-the-original": Fault(
+        "exec {payload_argv}",
+        None,
+        options={
+            **STAGED_COPY,
+            "prepare": "cp -a {workspace}/. {env_dir}/copy && touch {workspace}/prepared",
+        },
+    ),
     "killed-by-a-signal-mid-round": Fault(
         KILLING_GIT, "round-error", "round 1", workload="repo-inspect"
     ),

@@ -8,7 +8,15 @@ import os
 import subprocess
 from pathlib import Path
 
-from worker.snapshot import APART_ENTRIES, snapshot, snapshot_after, snapshot_apart, snapshot_diff
+from worker.snapshot import (
+    APART_ENTRIES,
+    fixture_snapshot,
+    snapshot,
+    snapshot_after,
+    snapshot_apart,
+    snapshot_diff,
+)
+from workloads.fixtures import copy_fixture
 from workloads.oracle import PARALLEL_BYTES, scan
 
 
@@ -174,4 +182,28 @@ def test_a_large_trees_check_in_a_process_of_its_own_is_the_same_snapshot(
         f.write(b"\1")  # into a hole
     assert snapshot_diff(before, snapshot_apart(tmp_path, before)) == [
         "missing tools/f0004", "extra tools/new", "changed tools/f0003", "changed ws/mixed.bin",
+    ]  # fmt: skip
+
+
+def test_a_faithful_copy_has_its_fixtures_snapshot(tmp_path: Path) -> None:
+    """The staged original's state before the run is its fixture's snapshot (kept per fixture,
+    ``fixture_snapshot``): a copy made as the runner makes it (``copy_fixture``) of a tree with
+    sparse files, large and small files, a link, permission bits and a non-UTF-8 name has that
+    very snapshot, in-process and apart; a change made to the copy shows against it."""
+    fixture, copy = tmp_path / "fixture", tmp_path / "copy"
+    fixture.mkdir()
+    sparse_tree(fixture)
+    tree(fixture)
+    (fixture / "small1.txt").chmod(0o640)
+    (fixture / os.fsdecode(b"odd-\xff-name")).write_bytes(b"not utf-8")
+    copy_fixture(fixture, copy)
+    before = fixture_snapshot(fixture, scan(fixture))
+    assert fixture_snapshot(fixture, {}) is before  # kept: computed once
+    assert any(str(entry[-1]).startswith("holes:") for entry in before.values())
+    assert snapshot_diff(before, snapshot(copy, like=before)) == []
+    assert snapshot_diff(before, snapshot_apart(copy, before)) == []
+    (copy / "small0.txt").chmod(0o600)
+    (copy / "big" / "f1.bin").unlink()
+    assert snapshot_diff(before, snapshot(copy, like=before)) == [
+        "missing big/f1.bin", "changed small0.txt",
     ]  # fmt: skip

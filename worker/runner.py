@@ -66,7 +66,7 @@ from worker.failure import LAUNCH_FAILURE_CODES, Failed, Stopped, os_reason, rea
 from worker.modes import EnvContext, HostInfo, Mode, Preflight, get_mode
 from worker.modes.base import PAYLOAD_PATH, STDERR_FILE
 from worker.procs import Shim, close_pipes, kill_process, start_shim
-from worker.snapshot import snapshot, snapshot_after, snapshot_diff
+from worker.snapshot import Snapshot, fixture_snapshot, snapshot, snapshot_after, snapshot_diff
 from worker.workroot import syncfs
 from workloads.drive import PAYLOAD_PYTHON
 
@@ -364,7 +364,6 @@ class _Run:
         """Fresh workspace from the fixture, the cgroup, the mode's preparation, the snapshot
         (``ignore``: the workload's, under which the oracle's scan of the fixture is cached)."""
         from workloads.fixtures import copy_fixture, ensure_fixture
-        from workloads.oracle import scan_cached
 
         spec = self.spec
         name = cgroups.cgroup_name(spec.key())
@@ -403,13 +402,23 @@ class _Run:
         except Exception as exc:  # a mode's preparation failing is a startup failure
             raise Failed(os_reason(exc), f"mode preparation: {exc}") from exc
         if self.mode.staged:
-            with self.timed("prepare.snapshot"):  # the fixture's hashes, its scan cached
-                known, _ = scan_cached(fixture, ignore)
-                self.original = snapshot(workspace, known, holes=True)
+            with self.timed("prepare.snapshot"):
+                self.original = self._original_before(fixture, workspace, ignore)
         try:  # a file the harness would otherwise create after the sync
             (env_dir / STDERR_FILE).touch()
         except OSError as exc:
             raise Failed(os_reason(exc), f"preparing the environment: {exc}") from exc
+
+    def _original_before(self, fixture: Path, workspace: Path, ignore: tuple[str, ...]) -> Snapshot:
+        """A staged mode's original as it is before the run: the fixture's snapshot (kept per
+        fixture; the workspace is its faithful copy), or the workspace's own if the mode's
+        preparation may have changed it; the fixture's hashes taken from its cached scan."""
+        from workloads.oracle import scan_cached
+
+        known, _ = scan_cached(fixture, ignore)
+        if self.mode.prepares_workspace:
+            return snapshot(workspace, known, holes=True)
+        return fixture_snapshot(fixture, known)
 
     def _sync(self) -> None:
         """Write back everything before the marker: the copies' dirty pages and metadata must

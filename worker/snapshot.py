@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import sys
+import threading
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ HOLES = "holes:"  # a digest of ``holes_digest``
 # separate process); below it, a Python start (about 50 ms) costs more than it saves.
 APART_ENTRIES = 1000
 APART_TIMEOUT_S = 600.0
+FIXTURES_KEPT = 32  # fixture snapshots kept (``fixture_snapshot``), the oldest dropped first
+_FIXTURES: dict[tuple[object, ...], Snapshot] = {}
+_FIXTURES_LOCK = threading.Lock()
 
 
 def snapshot(
@@ -47,6 +51,26 @@ def snapshot(
     instead, which reads its data and not its holes; ``like``: a snapshot taken before, whose
     kind of digest each file gets again (so a check after compares like with like)."""
     return _snapshot(root, known or {}, holes, None if like is None else hole_paths(like))
+
+
+def fixture_snapshot(fixture: Path, known: Mapping[str, FileState]) -> Snapshot:
+    """``snapshot(fixture, known, holes=True)``, kept per fixture (by path and the root's
+    device, inode and change time: a fixture never changes once built, and one built again is
+    snapshotted afresh). A workspace copied from the fixture (``cp -a``: names, kinds,
+    permission bits, bytes and holes) has this snapshot too, so it is the original's state
+    before the run without walking every copy; a copy that differed from its fixture shows in
+    the check after the run as a change. Shared by every caller: never changed."""
+    st = os.stat(fixture)
+    key = (str(fixture), st.st_dev, st.st_ino, st.st_ctime_ns)
+    with _FIXTURES_LOCK:
+        kept = _FIXTURES.get(key)
+    if kept is None:
+        kept = snapshot(fixture, known, holes=True)
+        with _FIXTURES_LOCK:
+            _FIXTURES[key] = kept
+            while len(_FIXTURES) > FIXTURES_KEPT:
+                _FIXTURES.pop(next(iter(_FIXTURES)))
+    return kept
 
 
 def hole_paths(like: Snapshot) -> frozenset[str]:

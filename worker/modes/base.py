@@ -77,6 +77,10 @@ class Mode(abc.ABC):
 
     name: str
     staged: bool = False  # works on a copy; the original workspace must stay intact
+    # Whether ``prepare`` may change the workspace (a staged mode's original is then
+    # snapshotted after it; else the fixture's own snapshot, kept per fixture, is the original's
+    # state before the run: the workspace is a faithful copy of it).
+    prepares_workspace: bool = False
     # Bytes the mode's own helpers (a container client, a runtime's monitor) add to the
     # environment's cgroup beside a sandbox whose own limit equals the quota, so that limit is
     # the one that binds.

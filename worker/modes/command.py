@@ -80,6 +80,7 @@ class CommandMode(Mode):
         self.options = options
         self.template: Template = template
         self.staged = bool(options.get("staged", False))
+        self.prepares_workspace = bool(options.get("prepare"))  # its helper may touch it
 
     def preflight(self, host: HostInfo) -> Preflight:
         """The template's binary exists and is executable."""
