@@ -168,21 +168,21 @@ def test_a_model_is_computed_once_and_still_checks_every_environment(root: Path)
     assert f"size: {rel}" in (wrong.detail or "")
 
 
-def test_a_model_asked_by_two_threads_at_once_is_computed_once(root: Path) -> None:
+def test_a_model_asked_by_two_threads_at_once_is_computed_once(tmp_path: Path) -> None:
     """An environment prepared ahead computes its model while the oracle of the one before may
     ask for the same: the second waits for the first's, nothing is computed twice."""
     real = get_workload("publish")
     calls: list[float] = []
 
     class Counting:  # the real workload's model, counted and made slow enough to collide
-        name = real.name
+        name, ignore = real.name, real.ignore
 
         def model(self, *args: Any, **kwargs: Any) -> Any:
             calls.append(time.monotonic())
             time.sleep(0.5)
             return real.model(*args, **kwargs)
 
-    fixture = ensure_fixture("publish", 1, 0.02, root / "fixtures")
+    fixture = ensure_fixture("publish", 1, 0.02, tmp_path / "fixtures")  # no model kept on disk
     models = Models()
     with ThreadPoolExecutor(2) as pool:
         got = list(pool.map(lambda _: models.model(Counting(), 1, 0.02, 3, fixture), range(2)))  # type: ignore[arg-type]

@@ -108,8 +108,18 @@ def scan(root: Path, ignore: Iterable[str] = ()) -> dict[str, FileState]:
 def _scan_cached(
     root: str, identity: tuple[int, int, int], ignore: tuple[str, ...]
 ) -> tuple[dict[str, FileState], frozenset[str]]:
-    """``scan_tree`` memoized by path and the root directory's identity."""
+    """``scan_tree`` memoized by path and the root directory's identity (in this process, and
+    on disk beside the fixture: ``workloads.facts``)."""
+    from workloads import facts
+
+    key = facts.fact_key("scan", Path(root), ignore)
+    kept = facts.load(Path(root), key)
+    if kept is not None:
+        return ({rel: FileState(size, sha) for rel, (size, sha) in kept["files"].items()},
+                frozenset(kept["dirs"]))  # fmt: skip
     files, dirs = scan_tree(Path(root), ignore)
+    body = {"files": {rel: [s.size, s.sha256] for rel, s in files.items()}, "dirs": sorted(dirs)}
+    facts.store(Path(root), key, body)
     return files, frozenset(dirs)
 
 

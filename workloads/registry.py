@@ -108,7 +108,7 @@ class Models:
                     break
             busy.wait()  # then kept, or its computation failed: try again
         try:
-            model = workload.model(seed, scale, rounds, fixture=fixture)
+            model = _kept_model(workload, seed, scale, rounds, fixture)
             with self._lock:
                 self._kept[key] = model
                 while len(self._kept) > self.keep:
@@ -117,6 +117,25 @@ class Models:
             with self._lock:
                 self._computing.pop(key).set()
         return model
+
+
+def _kept_model(
+    workload: Workload, seed: int, scale: float, rounds: int, fixture: Path
+) -> oracle.Model:
+    """``workload.model(...)``, taken from disk if a campaign before computed it
+    (``workloads.facts``), else computed and kept there."""
+    from workloads import facts
+
+    key = facts.fact_key("model", fixture, workload.name, seed, scale, rounds, workload.ignore)
+    kept = facts.load(fixture, key)
+    if kept is not None:
+        files = {rel: kit.FileState(size, sha) for rel, (size, sha) in kept["files"].items()}
+        return oracle.Model(files, tuple(kept["ignore"]), frozenset(kept["dirs"]))
+    model = workload.model(seed, scale, rounds, fixture=fixture)
+    body = {"files": {rel: [s.size, s.sha256] for rel, s in model.files.items()},
+            "ignore": list(model.ignore), "dirs": sorted(model.dirs)}  # fmt: skip
+    facts.store(fixture, key, body)
+    return model
 
 
 def get_workload(name: str) -> Workload:
