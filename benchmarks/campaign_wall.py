@@ -51,11 +51,12 @@ from benchmarks.workspace_prep import loop_mounted  # noqa: E402
 from coordinator.plan.file import SMOKE_SCALE  # noqa: E402
 from worker import trash  # noqa: E402
 from workloads.fixtures import ensure_fixture  # noqa: E402
-from workloads.registry import WORKLOADS  # noqa: E402
+from workloads.registry import WORKLOADS, Models  # noqa: E402
 
 CONFIGS = ("full", "smoke", "btrfs")
 TARGETS = {"full": 0.70, "smoke": 0.80, "btrfs": 0.85}
 SEED = 1  # the plans' and the smoke preset's
+ROUNDS = 3  # the plans'
 RUN_TIMEOUT_S = 4 * 3600
 WALL = re.compile(r"^wall time ([\d.]+) s: (.*); harness ([\d.]+) s", re.MULTILINE)
 PART = re.compile(r"(measured|preparation|oracle and checks|cleanup|sentinel) ([\d.]+) s")
@@ -83,15 +84,18 @@ class Figures:
 def full_plan(n: int, scale: float, workloads: list[str]) -> str:
     """The plan of ``full`` and ``btrfs``: the workloads in native and staged."""
     names = ", ".join(f'"{w}"' for w in workloads) if workloads else '"all"'
-    return (f'name = "campaign-wall"\nseed = {SEED}\nenvironments = {n}\nrounds = 3\n'
+    return (f'name = "campaign-wall"\nseed = {SEED}\nenvironments = {n}\nrounds = {ROUNDS}\n'
             f'limit_s = 300\nscale = {scale}\nworkloads = [{names}]\n'
             'modes = ["native", "staged"]\n')  # fmt: skip
 
 
 def build_fixtures(work_root: Path, workloads: list[str], scale: float) -> None:
-    """The fixtures a campaign of ``workloads`` at ``scale`` (seed 1) copies, built now."""
+    """The fixtures a campaign of ``workloads`` at ``scale`` (seed 1) copies, built now, with
+    what a campaign keeps beside them (``workloads.facts``: their scans, the models of its
+    rounds), as a lab host has both after its first campaign."""
     for name in workloads or list(WORKLOADS):
-        ensure_fixture(name, SEED, scale, work_root / "fixtures")
+        fixture = ensure_fixture(name, SEED, scale, work_root / "fixtures")
+        Models(keep=0).model(WORKLOADS[name], SEED, scale, ROUNDS, fixture)
 
 
 def run_campaign(home: Path, work_root: Path, plan: Path | None) -> Figures | str:
