@@ -97,3 +97,20 @@ def test_a_fixture_built_again_is_a_new_fixture(tmp_path: Path) -> None:
     fixture = ensure_fixture("repo-inspect", SEED, SCALE, cache)
     assert facts.fact_key("scan", fixture, workload.ignore) != first
     assert Models().model(workload, SEED, SCALE, ROUNDS, fixture).files
+
+
+def test_the_facts_of_other_code_are_deleted(tmp_path: Path) -> None:
+    """A fact names the code that made it; writing one deletes those of other code (a lab host
+    updated many times keeps only what its code can use)."""
+    cache = tmp_path / "fixtures"
+    fixture = ensure_fixture("publish", SEED, SCALE, cache)
+    facts_dir = cache / facts.FACTS_DIR
+    facts_dir.mkdir()
+    stale = facts_dir / f"{'0' * facts.CODE_PREFIX}-{'1' * 40}.json"
+    stale.write_text("{}")
+    Models().model(get_workload("publish"), SEED, SCALE, ROUNDS, fixture)
+    names = sorted(p.name for p in facts_dir.iterdir())
+    assert stale.name not in names
+    assert len(names) == 2 and all(
+        n.startswith(facts.code_digest()[: facts.CODE_PREFIX]) for n in names
+    )

@@ -10,7 +10,8 @@ A fact is a JSON file in ``.facts/`` of the fixture cache, named by the SHA-256 
 what it is of (kind, workload, seed, scale, rounds, ignore patterns), the fixture's identity
 (its directory's name, device, inode and change time: a fixture built again is a new one) and
 the digest of the ``workloads`` package's source (``code_digest``: a change to a builder, a
-model or the oracle makes every fact a new one). The file carries its key and the SHA-256 of
+model or the oracle makes every fact a new one, and the facts of other code are deleted when
+the first new one is written). The file carries its key and the SHA-256 of
 its body; one that does not parse, whose digest or key does not match, is ignored (and written
 again), so a damaged or stale fact costs a computation, never a wrong model. Written
 atomically (a temporary file renamed into place); a fact that cannot be written is computed
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 FACTS_DIR = ".facts"  # in the fixture cache, beside the fixtures (never a fixture's name)
+CODE_PREFIX = 12  # hex digits of the code's digest that begin a fact's file name
 
 
 @lru_cache(maxsize=1)
@@ -61,9 +63,20 @@ def _plain(value: object) -> Any:
 
 
 def _path(fixture: Path, key: list[Any]) -> Path:
-    """Where the fact with ``key`` about ``fixture`` is kept."""
+    """Where the fact with ``key`` about ``fixture`` is kept: named by the code's digest (its
+    first ``CODE_PREFIX`` digits) and the key's."""
     name = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:40]
-    return fixture.parent / FACTS_DIR / f"{name}.json"
+    return fixture.parent / FACTS_DIR / f"{key[-1][:CODE_PREFIX]}-{name}.json"
+
+
+def _prune(directory: Path) -> None:
+    """Delete the facts of other code (the workloads changed since): they can never be used."""
+    mine = f"{code_digest()[:CODE_PREFIX]}-"
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            if entry.name.endswith(".json") and not entry.name.startswith(mine):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
 
 
 def _digest(key: list[Any], body: Any) -> str:
@@ -87,6 +100,7 @@ def store(fixture: Path, key: list[Any], body: Any) -> None:
     path = _path(fixture, key)
     with contextlib.suppress(OSError):
         path.parent.mkdir(exist_ok=True)
+        _prune(path.parent)  # a fact is written only where none was: rarely, a few files
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
         try:
             with os.fdopen(fd, "w") as f:
