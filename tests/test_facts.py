@@ -114,3 +114,15 @@ def test_the_facts_of_other_code_are_deleted(tmp_path: Path) -> None:
     assert len(names) == 2 and all(
         n.startswith(facts.code_digest()[: facts.CODE_PREFIX]) for n in names
     )
+
+
+def test_a_fact_that_is_not_a_model_is_computed_again(tmp_path: Path) -> None:
+    """A fact whose digest fits but whose body is not a model (a file's state of one value, no
+    directories) is computed again, not an error."""
+    cache = tmp_path / "fixtures"
+    computed = model_in_a_new_process(cache)
+    fixture = ensure_fixture("publish", SEED, SCALE, cache)
+    key = facts_of(cache)["model"]["key"]
+    facts.store(fixture, key, {"files": {"x": [1]}, "ignore": []})
+    assert model_in_a_new_process(cache) == computed
+    assert facts_of(cache)["model"]["body"]["files"] == computed

@@ -6,17 +6,17 @@ size, SHA-256) and a model of R rounds. Each campaign is a process of its own, s
 every campaign on a host scanned every fixture and computed every model again (2.4 s of the
 full campaign's preparation, the first environment of each cell waiting for its model).
 
-A fact is a JSON file in ``.facts/`` of the fixture cache, named by the SHA-256 of its key:
-what it is of (kind, workload, seed, scale, rounds, ignore patterns), the fixture's identity
-(its directory's name, device, inode and change time: a fixture built again is a new one) and
-the digest of the ``workloads`` package's source (``code_digest``: a change to a builder, a
-model or the oracle makes every fact a new one, and the facts of other code are deleted when
-the first new one is written). The file carries its key and the SHA-256 of
-its body; one that does not parse, whose digest or key does not match, is ignored (and written
-again), so a damaged or stale fact costs a computation, never a wrong model. Written
-atomically (a temporary file renamed into place); a fact that cannot be written is computed
-again next time. The oracle still compares every environment's final state, byte by byte,
-with the model.
+A fact is a JSON file in ``.facts/`` of the fixture cache, named by the code's digest and the
+SHA-256 of its key, which holds what it is of (kind, workload, seed, scale, rounds, ignore
+patterns), the fixture's identity (its directory's name, device, inode and change time: a
+fixture built again is a new one) and the digest of the ``workloads`` package's source
+(``code_digest``: a change to a builder, a model or the oracle makes every fact a new one, and
+writing a fact deletes the facts of other code). The file carries its key and the SHA-256 of
+its body; one that does not parse, whose digest or key does not match or whose body is not what
+its reader expects, is ignored (and written again), so a damaged or stale fact costs a
+computation, never a wrong model. Written atomically (a temporary file renamed into place); a
+fact that cannot be written is computed again next time. The oracle still compares every
+environment's final state, byte by byte, with the model.
 """
 
 from __future__ import annotations

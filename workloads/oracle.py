@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import os
@@ -114,9 +115,10 @@ def _scan_cached(
 
     key = facts.fact_key("scan", Path(root), ignore)
     kept = facts.load(Path(root), key)
-    if kept is not None:
-        return ({rel: FileState(size, sha) for rel, (size, sha) in kept["files"].items()},
-                frozenset(kept["dirs"]))  # fmt: skip
+    with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):  # not a scan
+        if kept is not None:
+            return ({rel: FileState(size, sha) for rel, (size, sha) in kept["files"].items()},
+                    frozenset(kept["dirs"]))  # fmt: skip
     files, dirs = scan_tree(Path(root), ignore)
     body = {"files": {rel: [s.size, s.sha256] for rel, s in files.items()}, "dirs": sorted(dirs)}
     facts.store(Path(root), key, body)

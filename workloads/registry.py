@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import threading
@@ -73,7 +74,8 @@ CALIBRATIONS: dict[str, Workload] = {n: Workload.of(d) for n, d in catalog.CALIB
 
 
 class Models:
-    """Oracle models kept for reuse by the host that computed them.
+    """Oracle models kept for reuse by the host that computed them (in this process; on disk,
+    beside the fixtures, for the campaigns after it: ``workloads.facts``).
 
     A model is a pure function of (workload, seed, scale, rounds) and of the fixture it starts
     from, which never changes once built: the fixture is named by its root's device, inode and
@@ -128,9 +130,10 @@ def _kept_model(
 
     key = facts.fact_key("model", fixture, workload.name, seed, scale, rounds, workload.ignore)
     kept = facts.load(fixture, key)
-    if kept is not None:
-        files = {rel: kit.FileState(size, sha) for rel, (size, sha) in kept["files"].items()}
-        return oracle.Model(files, tuple(kept["ignore"]), frozenset(kept["dirs"]))
+    with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):  # not a model
+        if kept is not None:
+            files = {rel: kit.FileState(size, sha) for rel, (size, sha) in kept["files"].items()}
+            return oracle.Model(files, tuple(kept["ignore"]), frozenset(kept["dirs"]))
     model = workload.model(seed, scale, rounds, fixture=fixture)
     body = {"files": {rel: [s.size, s.sha256] for rel, s in model.files.items()},
             "ignore": list(model.ignore), "dirs": sorted(model.dirs)}  # fmt: skip
