@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from workloads import fixtures, oracle
+from workloads import fixtures, kit, oracle
 from workloads.drive import drive
 from workloads.oracle import Model
-from workloads.registry import get_workload
+from workloads.registry import Models, get_workload
 
 SEED = 5
 SCALE = 0.02
@@ -106,3 +106,73 @@ def test_symlink_state(tmp_path: Path) -> None:
     """A symlink is scanned by its target string, not followed."""
     (tmp_path / "link").symlink_to("nowhere")
     assert oracle.scan(tmp_path)["link"].size == len("nowhere")
+
+
+@pytest.fixture(scope="module")
+def ws_final(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """ws64-w1's fixture and a workspace of it after 3 native rounds (copied per test)."""
+    fixture = fixtures.ensure_fixture("ws64-w1", SEED, SCALE, tmp_path_factory.mktemp("wsfix"))
+    ws = tmp_path_factory.mktemp("wsfinal") / "ws"
+    fixtures.copy_fixture(fixture, ws)
+    assert drive("ws64-w1", SEED, SCALE, ws, [1, 2, 3]).ok
+    return fixture, ws
+
+
+def test_the_working_set_is_compared_block_by_block(
+    ws_final: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The working-set files are predicted block by block and compared byte for byte with the
+    prediction (no hash of theirs computed), by the model computed here and by the one kept on
+    disk beside the fixture: an untouched final state has no mismatch; one flipped byte is a
+    content mismatch naming the file and its block; a file cut short is a size mismatch."""
+    fixture, final = ws_final
+    state = tmp_path / "copy"
+    fixtures.copy_fixture(final, state)
+    workload = get_workload("ws64-w1")
+    computed = workload.model(SEED, SCALE, 3, fixture=fixture)
+    assert sorted(computed.blocks) == [f"ws/file-{i}.bin" for i in range(4)]
+    Models().model(workload, SEED, SCALE, 3, fixture)  # computed once: kept on disk
+    kept = Models().model(workload, SEED, SCALE, 3, fixture)  # a new process's: read back
+    assert kept.files == computed.files
+    assert {rel: (b.size, b.base, b.sources, b.sha256) for rel, b in kept.blocks.items()} == {
+        rel: (b.size, b.base, b.sources, b.sha256) for rel, b in computed.blocks.items()
+    }
+    for model in (computed, kept):
+        assert oracle.compare(state, model) == []
+    block = computed.blocks["ws/file-1.bin"].size
+    with open(state / "ws/file-1.bin", "r+b") as f:
+        f.seek(2 * block + 7)
+        byte = f.read(1)
+        f.seek(2 * block + 7)
+        f.write(bytes([byte[0] ^ 1]))
+    for model in (computed, kept):
+        assert oracle.compare(state, model) == [
+            f"content: ws/file-1.bin differs in the block at byte {2 * block}"
+        ]
+    with open(state / "ws/file-2.bin", "r+b") as f:
+        f.truncate(block)
+    assert oracle.compare(state, computed)[1].startswith("size: ws/file-2.bin ")
+
+
+def test_a_block_predicted_as_zeros_must_be_zeros(tmp_path: Path) -> None:
+    """A block the prediction leaves untouched (zeros, a hole) and a block from the seeded
+    stream: equal as predicted; a byte written into the hole, or a file longer than predicted,
+    differs."""
+    base = (SEED, "a label", 3 * 4096)
+    data = kit.stream(*base)
+    path = tmp_path / "f.bin"
+    with open(path, "wb") as f:
+        f.truncate(4096)
+        f.seek(4096)
+        f.write(data[4096:8192])
+    blocks = kit.Blocks(4096, base, [-1, 4096], kit.state_of(bytes(4096) + data[4096:8192]).sha256)
+    model = Model({"f.bin": kit.FileState(8192, blocks.sha256)}, blocks={"f.bin": blocks})
+    assert oracle.compare(tmp_path, model) == []
+    assert oracle.scan(tmp_path)["f.bin"].sha256 == blocks.sha256  # the same content, hashed
+    with open(path, "r+b") as f:
+        f.seek(10)
+        f.write(b"x")
+    assert oracle.compare(tmp_path, model) == ["content: f.bin differs in the block at byte 0"]
+    with open(path, "wb") as f:
+        f.write(bytes(4096) + data[4096:8192] + b"more")
+    assert oracle.compare(tmp_path, model)[0].startswith("size: f.bin ")

@@ -368,6 +368,23 @@ def state_of(data: bytes) -> FileState:
     return FileState(len(data), hashlib.sha256(data).hexdigest())
 
 
+class Blocks:
+    """A predicted file's content as whole blocks: block i holds ``size`` bytes of the seeded
+    stream (seed, label, n) from offset ``sources[i]``, or zeros where that is -1. The oracle
+    compares such a file's bytes with these (one read of each byte, no hash to compute);
+    ``sha256`` is the content's digest all the same (the working-set files)."""
+
+    __slots__ = ("base", "sha256", "size", "sources")
+
+    def __init__(
+        self, size: int, base: tuple[int, str, int], sources: list[int], sha256: str
+    ) -> None:
+        self.size = size
+        self.base = base  # (seed, label, n) of ``stream``
+        self.sources = sources
+        self.sha256 = sha256
+
+
 class ModelState:
     """The state a workload's model evolves from its fixture, round by round."""
 
@@ -375,10 +392,17 @@ class ModelState:
         self.files = files
         self.dirs = dirs
         self.fixture = fixture  # the built fixture, for content the rounds derive from
+        self.blocks: dict[str, Blocks] = {}  # files predicted block by block (``Blocks``)
 
     def put(self, rel: str, data: bytes) -> None:
         """Predict file ``rel`` with content ``data`` (its parents must be predicted dirs)."""
         self.files[rel] = state_of(data)
+        self.blocks.pop(rel, None)
+
+    def put_blocks(self, rel: str, blocks: Blocks) -> None:
+        """Predict file ``rel`` block by block."""
+        self.files[rel] = FileState(blocks.size * len(blocks.sources), blocks.sha256)
+        self.blocks[rel] = blocks
 
     def mkdirs(self, *rels: str) -> None:
         """Predict directories ``rels``."""
@@ -388,6 +412,7 @@ class ModelState:
         """Predict that directory ``rel`` and everything below it are gone."""
         prefix = rel + "/"
         self.files = {p: s for p, s in self.files.items() if not p.startswith(prefix)}
+        self.blocks = {p: b for p, b in self.blocks.items() if not p.startswith(prefix)}
         self.dirs = {d for d in self.dirs if d != rel and not d.startswith(prefix)}
 
     def read_fixture(self, rel: str) -> bytes:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from workloads.kit import FileState
+from workloads.kit import Blocks, FileState
 
 HASH_CHUNK = 1 << 20
 # Files at least this large are hashed on a thread each, as many at once as the process has
@@ -30,12 +30,14 @@ class Model:
 
     ``ignore`` lists glob patterns (relative paths) whose content is not deterministic
     (for example git's index, which records stat times); they are neither required nor
-    reported as extra.
+    reported as extra. ``blocks``: files predicted block by block (``kit.Blocks``), whose bytes
+    ``compare`` compares with the prediction instead of hashing them.
     """
 
     files: dict[str, FileState]
     ignore: tuple[str, ...] = ()
     dirs: frozenset[str] = field(default_factory=frozenset)  # expected empty-or-not directories
+    blocks: dict[str, Blocks] = field(default_factory=dict)
 
 
 def _ignored(rel: str, patterns: Iterable[str]) -> bool:
@@ -55,18 +57,56 @@ def _file_state(path: str, st: os.stat_result) -> FileState:
     return FileState(st.st_size, h.hexdigest())
 
 
-def file_states(paths: list[tuple[str, os.stat_result]]) -> list[FileState]:
-    """``_file_state`` of each (path, lstat), in order; the large files hashed in parallel."""
+@lru_cache(maxsize=4)
+def _stream(seed: int, label: str, n: int) -> bytes:
+    """The seeded stream ``Blocks`` slice (``kit.stream``), made once per process."""
+    from workloads.kit import stream
+
+    return stream(seed, label, n)
+
+
+def _blocks_state(path: str, st: os.stat_result, blocks: Blocks) -> FileState:
+    """The state of a file predicted block by block, its bytes compared with the prediction
+    (each read once): the prediction's digest if every block is equal, else a digest that names
+    the first byte offset of the first block that differs (never equal to a SHA-256)."""
+    size, base, zero = blocks.size, _stream(*blocks.base), bytes(blocks.size)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        for i, src in enumerate(blocks.sources):
+            if os.pread(fd, size, i * size) != (zero if src < 0 else base[src : src + size]):
+                return FileState(st.st_size, f"differs in the block at byte {i * size}")
+        if os.pread(fd, 1, len(blocks.sources) * size):
+            return FileState(st.st_size, f"differs: longer than {len(blocks.sources) * size}")
+    finally:
+        os.close(fd)
+    return FileState(st.st_size, blocks.sha256)
+
+
+def file_states(
+    paths: list[tuple[str, os.stat_result]], blocks: list[Blocks | None] | None = None
+) -> list[FileState]:
+    """``_file_state`` of each (path, lstat), in order; the large files hashed in parallel. A
+    regular file of its predicted size with ``blocks[i]`` is compared block by block instead
+    (``_blocks_state``), also in parallel."""
+    predicted = blocks or [None] * len(paths)
+
+    def state(i: int) -> FileState:
+        path, st = paths[i]
+        expected = predicted[i]
+        if (expected is not None and stat.S_ISREG(st.st_mode)
+                and st.st_size == expected.size * len(expected.sources)):  # fmt: skip
+            return _blocks_state(path, st, expected)
+        return _file_state(path, st)
+
     states: list[FileState | None] = [None] * len(paths)
     large = [i for i, (_, st) in enumerate(paths) if stat.S_ISREG(st.st_mode)
              and st.st_size >= PARALLEL_BYTES]  # fmt: skip
     workers = min(len(os.sched_getaffinity(0)), len(large))
     if workers > 1:
         with ThreadPoolExecutor(workers) as pool:
-            hashed = pool.map(lambda i: _file_state(*paths[i]), large)
-            for i, state in zip(large, hashed, strict=True):
-                states[i] = state
-    return [s if s is not None else _file_state(*paths[i]) for i, s in enumerate(states)]
+            for i, found in zip(large, pool.map(state, large), strict=True):
+                states[i] = found
+    return [s if s is not None else state(i) for i, s in enumerate(states)]
 
 
 def walk(root: Path, ignore: Iterable[str] = ()) -> Iterator[tuple[str, os.stat_result]]:
@@ -87,8 +127,11 @@ def walk(root: Path, ignore: Iterable[str] = ()) -> Iterator[tuple[str, os.stat_
                 stack.append(rel)
 
 
-def scan_tree(root: Path, ignore: Iterable[str] = ()) -> tuple[dict[str, FileState], set[str]]:
-    """Files (path -> state) and directories below ``root``."""
+def scan_tree(
+    root: Path, ignore: Iterable[str] = (), blocks: dict[str, Blocks] | None = None
+) -> tuple[dict[str, FileState], set[str]]:
+    """Files (path -> state) and directories below ``root`` (``blocks``: files predicted block
+    by block, compared with the prediction rather than hashed: ``file_states``)."""
     dirs: set[str] = set()
     found: list[tuple[str, os.stat_result]] = []
     for rel, st in walk(root, ignore):
@@ -96,7 +139,8 @@ def scan_tree(root: Path, ignore: Iterable[str] = ()) -> tuple[dict[str, FileSta
             dirs.add(rel)
         else:
             found.append((rel, st))
-    states = file_states([(os.path.join(root, rel), st) for rel, st in found])
+    expected = [blocks.get(rel) for rel, _ in found] if blocks else None
+    states = file_states([(os.path.join(root, rel), st) for rel, st in found], expected)
     return {rel: state for (rel, _), state in zip(found, states, strict=True)}, dirs
 
 
@@ -139,7 +183,7 @@ def scan_cached(
 
 def compare(root: Path, model: Model) -> list[str]:
     """One line per mismatch between ``root`` and ``model`` (missing, extra, size, hash)."""
-    files, dirs = scan_tree(root, model.ignore)
+    files, dirs = scan_tree(root, model.ignore, model.blocks)
     out: list[str] = []
     for rel in sorted(set(model.files) | set(files)):
         want, got = model.files.get(rel), files.get(rel)
@@ -149,6 +193,8 @@ def compare(root: Path, model: Model) -> list[str]:
             out.append(f"extra: {rel}")
         elif want.size != got.size:
             out.append(f"size: {rel} expected {want.size} got {got.size}")
+        elif got.sha256.startswith("differs"):  # compared block by block (``_blocks_state``)
+            out.append(f"content: {rel} {got.sha256}")
         elif want.sha256 != got.sha256:
             out.append(f"hash: {rel} expected {want.sha256[:16]} got {got.sha256[:16]}")
     if model.dirs:

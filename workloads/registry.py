@@ -45,7 +45,7 @@ class Workload(Declaration):
         files, dirs = oracle.scan_cached(fixture, self.ignore)
         state = ModelState(dict(files), set(dirs), fixture)
         self.evolve(state, seed, p, rounds)
-        return oracle.Model(state.files, self.ignore, frozenset(state.dirs))
+        return oracle.Model(state.files, self.ignore, frozenset(state.dirs), state.blocks)
 
     def check_rounds(self, rounds: int) -> None:
         """Raise WorkloadError unless 0 <= rounds <= MAX_ROUNDS."""
@@ -133,10 +133,15 @@ def _kept_model(
     with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):  # not a model
         if kept is not None:
             files = {rel: kit.FileState(size, sha) for rel, (size, sha) in kept["files"].items()}
-            return oracle.Model(files, tuple(kept["ignore"]), frozenset(kept["dirs"]))
+            blocks = {rel: kit.Blocks(b["size"], (b["base"][0], b["base"][1], b["base"][2]),
+                                      list(b["sources"]), b["sha256"])
+                      for rel, b in kept.get("blocks", {}).items()}  # fmt: skip
+            return oracle.Model(files, tuple(kept["ignore"]), frozenset(kept["dirs"]), blocks)
     model = workload.model(seed, scale, rounds, fixture=fixture)
     body = {"files": {rel: [s.size, s.sha256] for rel, s in model.files.items()},
-            "ignore": list(model.ignore), "dirs": sorted(model.dirs)}  # fmt: skip
+            "ignore": list(model.ignore), "dirs": sorted(model.dirs),
+            "blocks": {rel: {"size": b.size, "base": list(b.base), "sources": b.sources,
+                             "sha256": b.sha256} for rel, b in model.blocks.items()}}  # fmt: skip
     facts.store(fixture, key, body)
     return model
 

@@ -14,8 +14,8 @@ import threading
 
 from workloads.kit import (
     PAGE,
+    Blocks,
     Declaration,
-    FileState,
     GiB,
     KiB,
     MiB,
@@ -206,7 +206,9 @@ def evolve_working_set(s: ModelState, seed: int, p: Params, rounds: int) -> None
 
     with ThreadPoolExecutor(max(1, min(len(os.sched_getaffinity(0)), p["files"]))) as pool:
         for i, sha in enumerate(pool.map(digest, range(p["files"]))):
-            s.files[f"ws/file-{i}.bin"] = FileState(p["file_bytes"], sha)
+            sources = [last.get(b, -1) for b in range(i * per_file, (i + 1) * per_file)]
+            spec = (seed, base_label(p), WS_BASE + WS_BLOCK)
+            s.put_blocks(f"ws/file-{i}.bin", Blocks(bs, spec, sources, sha))
 
 
 def declare(number: int, ws_mib: int, writers: int) -> Declaration:
