@@ -411,14 +411,14 @@ class _Run:
 
     def _original_before(self, fixture: Path, workspace: Path, ignore: tuple[str, ...]) -> Snapshot:
         """A staged mode's original as it is before the run: the fixture's snapshot (kept per
-        fixture; the workspace is its faithful copy), or the workspace's own if the mode's
-        preparation may have changed it; the fixture's hashes taken from its cached scan."""
+        fixture; the workspace is its faithful copy), or the workspace's own, its hashes from
+        the fixture's cached scan, if the mode's preparation may have changed it."""
+        if not self.mode.prepares_workspace:
+            return fixture_snapshot(fixture, ignore)
         from workloads.oracle import scan_cached
 
         known, _ = scan_cached(fixture, ignore)
-        if self.mode.prepares_workspace:
-            return snapshot(workspace, known, holes=True)
-        return fixture_snapshot(fixture, known)
+        return snapshot(workspace, known, holes=True)
 
     def _sync(self) -> None:
         """Write back everything before the marker: the copies' dirty pages and metadata must

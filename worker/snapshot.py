@@ -8,13 +8,13 @@ import json
 import os
 import stat
 import sys
-import threading
 from collections.abc import Collection, Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from workloads.kit import FileState
-from workloads.oracle import HASH_CHUNK, file_states
+from workloads.oracle import HASH_CHUNK, file_states, scan_cached
 
 Snapshot = dict[str, tuple[Any, ...]]
 HOLES = "holes:"  # a digest of ``holes_digest``
@@ -25,9 +25,6 @@ HOLES = "holes:"  # a digest of ``holes_digest``
 # separate process); below it, a Python start (about 50 ms) costs more than it saves.
 APART_ENTRIES = 1000
 APART_TIMEOUT_S = 600.0
-FIXTURES_KEPT = 32  # fixture snapshots kept (``fixture_snapshot``), the oldest dropped first
-_FIXTURES: dict[tuple[object, ...], Snapshot] = {}
-_FIXTURES_LOCK = threading.Lock()
 
 
 def snapshot(
@@ -53,24 +50,25 @@ def snapshot(
     return _snapshot(root, known or {}, holes, None if like is None else hole_paths(like))
 
 
-def fixture_snapshot(fixture: Path, known: Mapping[str, FileState]) -> Snapshot:
-    """``snapshot(fixture, known, holes=True)``, kept per fixture (by path and the root's
-    device, inode and change time: a fixture never changes once built, and one built again is
+def fixture_snapshot(fixture: Path, ignore: tuple[str, ...] = ()) -> Snapshot:
+    """``snapshot(fixture, holes=True)``, its files' hashes from the oracle's cached scan (under
+    the workload's ``ignore``), kept per fixture (by path and the root's device, inode and
+    change time, as that scan: a fixture never changes once built, and one built again is
     snapshotted afresh). A workspace copied from the fixture (``cp -a``: names, kinds,
     permission bits, bytes and holes) has this snapshot too, so it is the original's state
     before the run without walking every copy; a copy that differed from its fixture shows in
     the check after the run as a change. Shared by every caller: never changed."""
     st = os.stat(fixture)
-    key = (str(fixture), st.st_dev, st.st_ino, st.st_ctime_ns)
-    with _FIXTURES_LOCK:
-        kept = _FIXTURES.get(key)
-    if kept is None:
-        kept = snapshot(fixture, known, holes=True)
-        with _FIXTURES_LOCK:
-            _FIXTURES[key] = kept
-            while len(_FIXTURES) > FIXTURES_KEPT:
-                _FIXTURES.pop(next(iter(_FIXTURES)))
-    return kept
+    return _fixture_snapshot(str(fixture), (st.st_dev, st.st_ino, st.st_ctime_ns), ignore)
+
+
+@lru_cache(maxsize=32)
+def _fixture_snapshot(
+    root: str, identity: tuple[int, int, int], ignore: tuple[str, ...]
+) -> Snapshot:
+    """``fixture_snapshot`` memoized by path and the root directory's identity."""
+    known, _ = scan_cached(Path(root), ignore)
+    return snapshot(Path(root), known, holes=True)
 
 
 def hole_paths(like: Snapshot) -> frozenset[str]:

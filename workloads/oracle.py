@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import hashlib
 import os
@@ -12,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from workloads.kit import Blocks, FileState
 
@@ -158,15 +158,36 @@ def _scan_cached(
     from workloads import facts
 
     key = facts.fact_key("scan", Path(root), ignore)
-    kept = facts.load(Path(root), key)
-    with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):  # not a scan
-        if kept is not None:
-            return ({rel: FileState(size, sha) for rel, (size, sha) in kept["files"].items()},
-                    frozenset(kept["dirs"]))  # fmt: skip
+    if (kept := model_from_body(facts.load(Path(root), key))) is not None:
+        return kept.files, kept.dirs
     files, dirs = scan_tree(Path(root), ignore)
-    body = {"files": {rel: [s.size, s.sha256] for rel, s in files.items()}, "dirs": sorted(dirs)}
-    facts.store(Path(root), key, body)
+    facts.store(Path(root), key, model_body(Model(files, ignore, frozenset(dirs))))
     return files, frozenset(dirs)
+
+
+def model_body(model: Model) -> dict[str, Any]:
+    """``model`` as JSON keeps it (the body of a fact: ``workloads.facts``); a fixture's scan is
+    kept the same way, as the model of no round."""
+    return {
+        "files": {rel: [s.size, s.sha256] for rel, s in model.files.items()},
+        "ignore": list(model.ignore), "dirs": sorted(model.dirs),
+        "blocks": {rel: {"size": b.size, "base": list(b.base), "sources": b.sources,
+                         "sha256": b.sha256} for rel, b in model.blocks.items()},
+    }  # fmt: skip
+
+
+def model_from_body(body: Any) -> Model | None:
+    """The model ``model_body`` kept as ``body``; None if there is none or it is not one."""
+    if body is None:
+        return None
+    try:
+        files = {rel: FileState(size, sha) for rel, (size, sha) in body["files"].items()}
+        blocks = {rel: Blocks(b["size"], (b["base"][0], b["base"][1], b["base"][2]),
+                              list(b["sources"]), b["sha256"])
+                  for rel, b in body["blocks"].items()}  # fmt: skip
+        return Model(files, tuple(body["ignore"]), frozenset(body["dirs"]), blocks)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+        return None
 
 
 def scan_cached(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import os
 import threading
@@ -129,20 +128,10 @@ def _kept_model(
     from workloads import facts
 
     key = facts.fact_key("model", fixture, workload.name, seed, scale, rounds, workload.ignore)
-    kept = facts.load(fixture, key)
-    with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):  # not a model
-        if kept is not None:
-            files = {rel: kit.FileState(size, sha) for rel, (size, sha) in kept["files"].items()}
-            blocks = {rel: kit.Blocks(b["size"], (b["base"][0], b["base"][1], b["base"][2]),
-                                      list(b["sources"]), b["sha256"])
-                      for rel, b in kept.get("blocks", {}).items()}  # fmt: skip
-            return oracle.Model(files, tuple(kept["ignore"]), frozenset(kept["dirs"]), blocks)
+    if (kept := oracle.model_from_body(facts.load(fixture, key))) is not None:
+        return kept
     model = workload.model(seed, scale, rounds, fixture=fixture)
-    body = {"files": {rel: [s.size, s.sha256] for rel, s in model.files.items()},
-            "ignore": list(model.ignore), "dirs": sorted(model.dirs),
-            "blocks": {rel: {"size": b.size, "base": list(b.base), "sources": b.sources,
-                             "sha256": b.sha256} for rel, b in model.blocks.items()}}  # fmt: skip
-    facts.store(fixture, key, body)
+    facts.store(fixture, key, oracle.model_body(model))
     return model
 
 
