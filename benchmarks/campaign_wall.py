@@ -183,7 +183,7 @@ def report(config: str, figures: Figures) -> bool:
           f"target >= {100 * target:.0f}%: {verdict}")  # fmt: skip
     print(
         f"       {split}; harness {figures.harness_s:.1f} s; preparation done ahead "
-        f"(beside the environment before, not in the parts) {figures.ahead_s:.1f} s"
+        f"(beside the environment before, not in the parts) {figures.ahead_s:.2f} s"
     )
     if figures.largest:
         print(f"       {figures.largest}")

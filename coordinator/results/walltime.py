@@ -90,7 +90,7 @@ class WallSplit:
         share = self.rest / wall
         verdict = "within" if share <= HARNESS_TARGET else "ABOVE"
         hidden = (
-            f"; preparation done ahead, beside the environment before: {self.overlapped:.1f} s"
+            f"; preparation done ahead, beside the environment before: {self.overlapped:.2f} s"
             if self.overlapped
             else ""
         )
