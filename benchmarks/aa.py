@@ -37,10 +37,17 @@ a seeded percentile bootstrap of the ratio of the two medians, each side resampl
 with the sentinel withholding as ``compare`` does (the README says why it was replaced: on the
 same cells it found fewer of the injected effects).
 
+``--neighbour`` runs a busy neighbour beside every campaign: one spinning process per CPU,
+busy and idle by turns for 1-6 s each, its schedule seeded by the campaign's label. It is the
+lab machine whose speed changes while a campaign runs (a shared host, a noisy VM neighbour),
+the case the blocked order is for: the two environments of a block meet the same neighbour
+more often than two environments far apart in the run order.
+
 ``--stored A,B[,E] ...`` reads campaigns already in ``--data`` (one triple per pair, as an
 earlier run printed them) instead of running new ones.
 
     .venv/bin/python benchmarks/aa.py [--pairs 2] [--effect] [--environments 10]
+        [--order blocked|shuffled] [--neighbour]
     .venv/bin/python benchmarks/aa.py --stored A,B,E A,B,E ...
 """
 
@@ -50,9 +57,13 @@ import argparse
 import dataclasses
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +90,7 @@ from coordinator.results.compare import (  # noqa: E402
     compare,
     drift_of,
     load_side,
+    paired_interval,
     ratio_interval,
     verdict,
 )
@@ -95,17 +107,37 @@ SCALE = 0.05
 EFFECT = 0.20
 FALSE_TARGET, MIN_AA_CELLS, DETECT_TARGET = 0.05, 24, 0.80
 SEED = 11  # pair 1's; pair p's is SEED + p - 1
+NEIGHBOUR_PHASE_S = (1.0, 6.0)  # a busy or idle spell of the neighbour lasts this long
+NEIGHBOUR = """
+import os, random, sys, time
+seed, workers = int(sys.argv[1]), int(sys.argv[2])
+low, high = float(sys.argv[3]), float(sys.argv[4])
+for _ in range(workers - 1):
+    if os.fork() == 0:
+        break
+rng = random.Random(seed)  # every process follows the one schedule
+while True:
+    until, busy = time.monotonic() + rng.uniform(low, high), rng.random() < 0.5
+    while busy and time.monotonic() < until:
+        sum(range(10000))
+    time.sleep(max(0.0, until - time.monotonic()))
+"""
 
 
 def plan_text(
-    name: str, environments: int, pair: int, delays: dict[str, float] | None = None
+    name: str,
+    environments: int,
+    pair: int,
+    delays: dict[str, float] | None = None,
+    order: str = "blocked",
 ) -> str:
     """The plan of pair ``pair``, its probes sleeping ``delays[W]`` s a round (0 s without
     ``delays``). Each pair has a seed of its own (``SEED + pair - 1``), shared by its A, B and
     E: the campaigns compared with each other have one run order and the same fixtures, and the
     twins of different pairs are interleaved by different orders (with one seed for all, every
     campaign repeated one assignment of slots to twin and probe, and the twins' false verdicts
-    over many campaigns estimated that one draw rather than the test)."""
+    over many campaigns estimated that one draw rather than the test). ``order``: the plan's
+    run order (blocked, the default, or shuffled: every campaign's until 2026-12-07)."""
     workloads = ", ".join(f'"{w}"' for w in WORKLOADS)
     modes = (
         [f'"{m}"' for m in MODES]
@@ -121,7 +153,7 @@ def plan_text(
         ]
     )
     return (
-        f'name = "{name}"\nseed = {SEED + pair - 1}\nscale = {SCALE}\n'
+        f'name = "{name}"\nseed = {SEED + pair - 1}\norder = "{order}"\nscale = {SCALE}\n'
         f"environments = {environments}\n"
         f"rounds = {ROUNDS}\nworkloads = [{workloads}]\nsentinel = true\n"
         f"modes = [{', '.join(modes)}]\n"
@@ -135,6 +167,8 @@ class Lab:
     data: Path
     work_root: Path
     home: Path
+    order: str = "blocked"  # the plans' run order
+    neighbour: bool = False  # a busy neighbour beside each campaign
 
     def run(self, plan: str, label: str) -> str:
         """Run ``plan`` embedded; its campaign id."""
@@ -144,8 +178,9 @@ class Lab:
         argv = [sys.executable, "-m", "coordinator", "run", str(path), "--data", str(self.data),
                 "--work-root", str(self.work_root), "--no-progress"]  # fmt: skip
         started = time.monotonic()
-        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
-                              check=False)  # fmt: skip
+        with busy_neighbour(label if self.neighbour else None):
+            done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
+                                  check=False)  # fmt: skip
         last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
         if done.returncode != 0 or not last.startswith("campaign: "):
             raise SystemExit(f"aa: campaign {label} did not finish cleanly (status "
@@ -200,19 +235,44 @@ class Lab:
         interval finds the probe slower than its twin once the probe's environment times are
         multiplied by 1 + EFFECT: an effect of exactly that size on real A/A noise, with
         nothing of the sleep's calibration or of the helper's start in it."""
-        found = []
-        for t in self.side(ident).analysis.tables:
+        found, side = [], self.side(ident)
+        for t in side.analysis.tables:
             values = passed_values(t, "task_s")
             for w in WORKLOADS:
                 twin, probe = values.get((TWIN + w, w)), values.get((PROBE + w, w))
                 if twin is not None and probe is not None and min(len(twin), len(probe)) > 1:
-                    found.append(ratio_interval(twin, probe * (1 + EFFECT))[0] > 1.0)
+                    found.append(exact_interval(side, twin, probe * (1 + EFFECT))[0] > 1.0)
         return found
 
     def analysis(self, campaign: str) -> object:
         """The stored campaign's analysis."""
         store = Store(self.data)
         return analyze_stored(store, store.campaign_view(campaign))[0]
+
+
+@contextmanager
+def busy_neighbour(label: str | None) -> Iterator[None]:
+    """A neighbour busy and idle by turns on every CPU while the block runs (none without a
+    label): its schedule seeded by ``label``, its processes killed after."""
+    if label is None:
+        yield
+        return
+    argv = [sys.executable, "-c", NEIGHBOUR, str(zlib.crc32(label.encode())),
+            str(os.cpu_count() or 1), *map(str, NEIGHBOUR_PHASE_S)]  # fmt: skip
+    proc = subprocess.Popen(argv, start_new_session=True)
+    try:
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def exact_interval(side: Side, twin: np.ndarray, probe: np.ndarray) -> tuple[float, float]:
+    """The interval ``compare`` gives a twin and its probe (complete cells, never rerun here):
+    block by block in a blocked campaign, as two samples in a shuffled one."""
+    if side.campaign.plan.get("order") == "blocked" and len(twin) == len(probe):
+        return paired_interval(twin, probe)
+    return ratio_interval(twin, probe)
 
 
 def probe_rounds(lab: Lab, campaign: str) -> dict[str, float]:
@@ -282,8 +342,8 @@ def run_pair(lab: Lab, args: argparse.Namespace, pair: int, tally: Tally) -> Non
         a, b = stored[:2]
         print(f"  {pair}a: {a} (stored)\n  {pair}b: {b} (stored)")
     else:
-        a = lab.run(plan_text(f"aa-{pair}", args.environments, pair), f"{pair}a")
-        b = lab.run(plan_text(f"aa-{pair}", args.environments, pair), f"{pair}b")
+        a = lab.run(plan_text(f"aa-{pair}", args.environments, pair, order=lab.order), f"{pair}a")
+        b = lab.run(plan_text(f"aa-{pair}", args.environments, pair, order=lab.order), f"{pair}b")
     found_aa, sentinel_lines, booted = lab.compare(a, b)
     tally.aa += found_aa.cells
     tally.aa_pairs.append(found_aa)
@@ -321,7 +381,7 @@ def run_effect(lab: Lab, pair: tuple[int, str, str], stored: str | None, environ
         e = stored
         print(f"  {n}e: {e} (stored)")
     else:
-        e = lab.run(plan_text(f"aa-{n}", environments, n, delays), f"{n}e")
+        e = lab.run(plan_text(f"aa-{n}", environments, n, delays, lab.order), f"{n}e")
     tally.pairs[-1] = (a, b, e)
     found, sentinel_lines, booted = lab.compare(b, e)
     print(f"  sentinel E / B: {', '.join(sentinel_lines) or 'none'}")
@@ -425,6 +485,10 @@ def main() -> int:
     parser.add_argument("--work-root", type=Path, default=Path("/var/tmp/sandbench-aa"))
     parser.add_argument("--stored", nargs="+", metavar="A,B[,E]", default=[],
                         help="campaigns in --data to read instead of running new ones")  # fmt: skip
+    parser.add_argument("--neighbour", action="store_true",
+                        help="a neighbour busy and idle by turns beside each campaign")  # fmt: skip
+    parser.add_argument("--order", choices=("blocked", "shuffled"), default="blocked",
+                        help="the plans' run order (shuffled: all before 2026-12-07)")  # fmt: skip
     args = parser.parse_args()
     if args.stored:
         sizes = {len(ids.split(",")) for ids in args.stored}
@@ -432,9 +496,11 @@ def main() -> int:
             parser.error("--stored takes A,B or A,B,E campaign ids for every pair alike")
         args.pairs, args.effect = len(args.stored), sizes == {3}
     args.data.mkdir(parents=True, exist_ok=True)
-    lab = Lab(args.data.resolve(), args.work_root, args.data.resolve() / "home")
+    lab = Lab(args.data.resolve(), args.work_root, args.data.resolve() / "home", args.order,
+              args.neighbour)  # fmt: skip
     print(f"plan: {', '.join(WORKLOADS)} x {', '.join(MODES)} and a probe per workload, "
-          f"N = {args.environments}, {ROUNDS} rounds, scale {SCALE}, sentinel on",
+          f"N = {args.environments}, {ROUNDS} rounds, scale {SCALE}, sentinel on, "
+          f"{args.order} order{', a busy neighbour' if args.neighbour else ''}",
           flush=True)  # fmt: skip
     tally = Tally()
     for pair in range(1, args.pairs + 1):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from contract.errors import PlanError
-from coordinator.plan.campaign import describe, expand, new_campaign_id
+from coordinator.plan.campaign import describe, expand, host_rng, new_campaign_id
 from coordinator.plan.file import (
     check_runs_here,
     format_cpus,
@@ -118,6 +118,39 @@ def test_seeded_order_is_reproducible_per_seed_and_host() -> None:
     points = 2 * len(CALIBRATION)  # two sentinel points, each every calibration once
     assert lab_b == list(range(16 + points))  # 16 environments and the sentinel
     assert len({s.task_id for s in specs}) == 2 * (16 + points)
+
+
+def test_blocked_order_runs_environment_i_of_every_cell_in_block_i() -> None:
+    """The default order: block i holds environment i of every cell, once each, shuffled within
+    (not in one order for every block, nor the same on two hosts); ``order = "shuffled"`` is one
+    shuffle of all, the order of campaigns planned before 2026-12-07 (its slots made cell by
+    cell, then shuffled by the host's generator), which spreads a cell's environments
+    unevenly."""
+    plan = parse_plan(PLAN.replace("environments = 2", "environments = 6"))
+    assert plan.order == "blocked"
+    cells = plan.cells()
+
+    def slots(p: object, host: str = "lab-a") -> list[tuple[str, str, int]]:
+        specs = expand(p, [host], "c-1", "/w")  # type: ignore[arg-type]
+        return [(s.mode, s.workload, s.env_index) for s in specs if s.workload not in CALIBRATION]
+
+    blocked = slots(plan)
+    size = len(cells)
+    blocks = [blocked[k : k + size] for k in range(0, len(blocked), size)]
+    assert len(blocks) == 6
+    for i, block in enumerate(blocks):
+        assert sorted(block) == sorted((e.name, w, i) for e, w in cells)
+    assert len({tuple((m, w) for m, w, _ in block) for block in blocks}) > 1  # shuffled within
+    assert blocked != slots(plan, "lab-b")
+    shuffled_plan = parse_plan(PLAN.replace("seed = 7", 'seed = 7\norder = "shuffled"'))
+    shuffled = slots(shuffled_plan)
+    old = [(e.name, w, i) for e, w in shuffled_plan.cells() for i in range(2)]
+    host_rng(7, "lab-a").shuffle(old)
+    assert shuffled == old
+    assert "seed 7 (shuffled order)" in describe(shuffled_plan)[0]
+    assert "seed 7 (blocked order)" in describe(plan)[0]
+    with pytest.raises(PlanError, match="order"):
+        parse_plan(PLAN.replace("seed = 7", 'seed = 7\norder = "random"'))
 
 
 def smoke_expansion() -> str:

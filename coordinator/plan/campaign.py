@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 
 from contract.records import EnvironmentSpec
 from coordinator.plan import sentinel
-from coordinator.plan.file import Plan
+from coordinator.plan.file import BLOCKED, Plan
+from coordinator.plan.modes import ModeEntry
 
 CAMPAIGN_ID_FORMAT = "c-{date}-{suffix}"
 SUFFIX_BYTES = 2  # four hex digits
@@ -39,6 +40,11 @@ def expand(
 ) -> list[EnvironmentSpec]:
     """Every planned environment of every host, each host's list in its seeded run order.
 
+    A blocked order (the default) runs environment i of every cell in block i, blocks in that
+    order, each shuffled by the seed: a randomized complete block design, so two modes of one
+    campaign meet the machine's drift over it alike and are compared environment by
+    environment, block by block (``coordinator.results.compare``). A shuffled plan
+    (``order = "shuffled"``) runs one shuffle of all, as every campaign did before 2026-12-07.
     The sentinel's calibration points (``coordinator.plan.sentinel``) are placed in that order at
     the start, after every K environments and at the end, unless the plan turns them off.
     """
@@ -46,8 +52,7 @@ def expand(
     cells = plan.cells()
     quota = plan.quota.quota()
     for host in hosts:
-        slots = [(entry, w, i) for entry, w in cells for i in range(plan.environments)]
-        host_rng(plan.seed, host).shuffle(slots)
+        slots = run_order(plan, cells, host_rng(plan.seed, host))
         shared = {"campaign": campaign_id, "cohort": plan.cohort, "host": host, "quota": quota,
                   "vm": plan.vm.size(), "work_root": work_root}  # fmt: skip
         for order, slot in enumerate(sentinel.layout(len(slots), plan.sentinel.every)):
@@ -65,12 +70,25 @@ def expand(
     return specs
 
 
+def run_order(plan: Plan, cells: list[tuple[ModeEntry, str]],
+              rng: random.Random) -> list[tuple[ModeEntry, str, int]]:  # fmt: skip
+    """One host's (mode, workload, environment index) slots in the plan's order."""
+    if plan.order != BLOCKED:
+        slots = [(entry, w, i) for entry, w in cells for i in range(plan.environments)]
+        rng.shuffle(slots)
+        return slots
+    blocks = [[(entry, w, i) for entry, w in cells] for i in range(plan.environments)]
+    for block in blocks:
+        rng.shuffle(block)
+    return [slot for block in blocks for slot in block]
+
+
 def describe(plan: Plan) -> list[str]:
     """Human lines saying what the plan expands to on one host (``sandbench plan show``)."""
     q = plan.quota
     lines = [
         (
-            f"plan '{plan.name}': cohort {plan.cohort}, seed {plan.seed}, "
+            f"plan '{plan.name}': cohort {plan.cohort}, seed {plan.seed} ({plan.order} order), "
             f"{plan.environments} environments x {plan.rounds} rounds per cell, "
             f"scale {plan.scale:g}, limit {plan.limit_s:g} s"
         ),

@@ -5,6 +5,7 @@ Example::
     name = "mine"
     cohort = "default"          # results of two cohorts are never pooled
     seed = 1                    # same seed, same run order
+    order = "blocked"           # environment i of every cell in block i, shuffled within it
     environments = 3            # N fresh environments per cell
     rounds = 3                  # R dependent rounds per environment
     limit_s = 90
@@ -28,6 +29,12 @@ and bounds; a command mode (a mode table with ``template``) has a name of its ow
 built-in mode's nor another mode's of the plan; a built-in mode takes only the ``options`` it
 declares (``Mode.option_names``) and no command-mode key.
 
+The run order (``coordinator.plan.campaign``) is ``blocked`` unless ``order = "shuffled"``:
+blocks of one environment of every cell, each block shuffled by the seed, so that two modes
+of a campaign are compared environment by environment (``coordinator.results.compare``); a
+shuffled order is one shuffle of every environment, the order of campaigns planned before
+2026-12-07.
+
 The machine-state sentinel (``coordinator.plan.sentinel``) is on unless ``sentinel = false``; a
 ``[sentinel]`` table with ``every = K`` sets how many environments run between its points.
 """
@@ -41,7 +48,7 @@ import re
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -75,6 +82,8 @@ MIN_MEMORY = 64 * 1024**2  # an environment's least memory: the payload's interp
 MIN_QUOTA_US = 1000
 MIN_CPU_QUOTA = MIN_QUOTA_US / CFS_PERIOD_US  # 0.01 core
 MAX_SEED = 2**63 - 1  # TOML's largest integer
+RunOrder = Literal["blocked", "shuffled"]  # a block per environment index; one shuffle of all
+BLOCKED: RunOrder = "blocked"
 MAX_VCPUS = 255  # QEMU's x86 limit without interrupt remapping
 MIN_VM_MEMORY_MIB = 128  # the guest's kernel, initramfs and the payload's interpreter
 MAX_VM_MEMORY_MIB = 1 << 20  # 1 TiB: beyond any lab host, surely a typo
@@ -194,6 +203,7 @@ class Plan(BaseModel):
     name: str = "campaign"
     cohort: Name = "default"  # becomes part of report file names
     seed: int = Field(0, ge=0, le=MAX_SEED)
+    order: RunOrder = BLOCKED  # coordinator.plan.campaign.run_order
     environments: int = Field(3, ge=1, le=MAX_ENVIRONMENTS)
     rounds: int = Field(3, ge=1, le=MAX_ROUNDS)  # fixtures prepare state for MAX_ROUNDS
     limit_s: float = Field(90.0, gt=0, le=MAX_LIMIT_S, allow_inf_nan=False)
