@@ -23,7 +23,9 @@ are A/A cells too; they are not counted, being compared with the same B).
 Each probe also has a twin, ``twin-W``: the same command mode, never sleeping. A probe and its
 twin are two modes of one campaign, interleaved by its seeded order: in A and B they are A/A
 cells inside one campaign, in E the probe carries the effect. ``compare ID:twin-W ID:probe-W``
-is the design the README recommends for an A/B question, and its rates are printed too.
+is the design the README recommends for an A/B question, and its rates are printed too. In a
+blocked campaign (the plans' default, ``--order``) the exact 20% is also judged block by block
+(``paired_interval``), for scale: compare does not pair (the README says why).
 
 Targets (the issue's): at N = 10, at most 5% false verdicts over at least 24 A/A cells, and the
 20% effect detected in at least 80% of its cells. They are printed for three ways of judging:
@@ -62,7 +64,7 @@ import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,7 +92,6 @@ from coordinator.results.compare import (  # noqa: E402
     compare,
     drift_of,
     load_side,
-    paired_interval,
     ratio_interval,
     verdict,
 )
@@ -230,18 +231,29 @@ class Lab:
                                   drift_of(c, x.host, x.workload))[0])  # fmt: skip
         return c, lines, booted
 
-    def exact_effect(self, ident: str) -> list[bool]:
+    def exact_effect(self, ident: str) -> list[tuple[bool, bool | None, bool | None]]:
         """Per workload of campaign ``ident`` (one without the effect): whether compare's
         interval finds the probe slower than its twin once the probe's environment times are
         multiplied by 1 + EFFECT: an effect of exactly that size on real A/A noise, with
-        nothing of the sleep's calibration or of the helper's start in it."""
-        found, side = [], self.side(ident)
+        nothing of the sleep's calibration or of the helper's start in it; in a blocked
+        campaign also whether the interval of the pairs of each block finds it and whether it
+        gives the A/A cell a false verdict (``paired_interval``, for scale; None otherwise)."""
+        found: list[tuple[bool, bool | None, bool | None]] = []
+        side = self.side(ident)
+        blocked = side.campaign.plan.get("order") == "blocked"
         for t in side.analysis.tables:
             values = passed_values(t, "task_s")
             for w in WORKLOADS:
                 twin, probe = values.get((TWIN + w, w)), values.get((PROBE + w, w))
-                if twin is not None and probe is not None and min(len(twin), len(probe)) > 1:
-                    found.append(exact_interval(side, twin, probe * (1 + EFFECT))[0] > 1.0)
+                if twin is None or probe is None or min(len(twin), len(probe)) <= 1:
+                    continue
+                hit = ratio_interval(twin, probe * (1 + EFFECT))[0] > 1.0
+                if not blocked or len(twin) != len(probe):
+                    found.append((hit, None, None))
+                    continue
+                low, high = paired_interval(twin, probe)
+                found.append((hit, paired_interval(twin, probe * (1 + EFFECT))[0] > 1.0,
+                              not low <= 1.0 <= high))  # fmt: skip
         return found
 
     def analysis(self, campaign: str) -> object:
@@ -267,12 +279,31 @@ def busy_neighbour(label: str | None) -> Iterator[None]:
         proc.wait()
 
 
-def exact_interval(side: Side, twin: np.ndarray, probe: np.ndarray) -> tuple[float, float]:
-    """The interval ``compare`` gives a twin and its probe (complete cells, never rerun here):
-    block by block in a blocked campaign, as two samples in a shuffled one."""
-    if side.campaign.plan.get("order") == "blocked" and len(twin) == len(probe):
-        return paired_interval(twin, probe)
-    return ratio_interval(twin, probe)
+def paired_interval(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """Exact Hodges-Lehmann interval of the ratio b / a from N pairs (a_i, b_i), for scale: the
+    k-th smallest and the k-th largest of the N (N + 1) / 2 Walsh averages of the log ratios, k
+    the number of the Wilcoxon signed-rank statistic's values in its lower (1 - level) / 2 tail
+    (9 for N = 10; Hollander and Wolfe, ch. 3). In a blocked campaign the i-th environments of
+    two cells ran in one block: this is the interval that pairs them."""
+    d = np.log(b) - np.log(a)
+    i, j = np.triu_indices(len(d))
+    walsh = np.sort((d[i] + d[j]) / 2)
+    k = signed_rank_tail(len(d), (1 - level) / 2)
+    if k == 0:  # too few pairs for an interval at this level
+        return 0.0, math.inf
+    return float(np.exp(walsh[k - 1])), float(np.exp(walsh[len(walsh) - k]))
+
+
+def signed_rank_tail(n: int, alpha: float) -> int:
+    """How many of the values 0, 1, ... of the signed-rank statistic of n pairs (no ties, no
+    zeros) together have probability at most ``alpha`` under no difference: the 2^n sign
+    patterns counted by their statistic, exactly."""
+    counts = np.zeros(n * (n + 1) // 2 + 1)
+    counts[0] = 1.0
+    for rank in range(1, n + 1):  # times (1 + q^rank)
+        counts[rank:] += counts[:-rank].copy()
+    tail = np.cumsum(counts) / 2.0**n
+    return int(np.searchsorted(tail, alpha * (1 + 1e-12), side="right"))
 
 
 def probe_rounds(lab: Lab, campaign: str) -> dict[str, float]:
@@ -422,9 +453,12 @@ def rates(aa: list[Cell], effect: list[Cell] | None, label: str) -> bool:
     withheld = [x for x in aa if x.verdict == WITHHELD]
     rate = len(false) / len(aa) if aa else 1.0
     ok = rate <= FALSE_TARGET and len(aa) >= MIN_AA_CELLS
+    low, high = binomial_interval(len(false), len(aa))
     print(f"{label}:\n  A/A false verdicts: {len(false)} of {len(aa)} cells = {rate:.1%} "
           f"(target <= {FALSE_TARGET:.0%} over >= {MIN_AA_CELLS} cells): "
-          f"{'met' if ok else 'MISSED'}; withheld by the sentinel: {len(withheld)}")  # fmt: skip
+          f"{'met' if ok else 'MISSED'}; withheld by the sentinel: {len(withheld)}; the "
+          f"rate's 95% interval [{low:.1%}, {high:.1%}] (the interval's own level: "
+          "4.3% at N = 10 a side)")  # fmt: skip
     if effect is not None:
         hit = [x for x in effect if x.verdict == SLOWER]
         detect = len(hit) / len(effect) if effect else 0.0
@@ -437,6 +471,32 @@ def rates(aa: list[Cell], effect: list[Cell] | None, label: str) -> bool:
               f"{detect:.0%} (target >= {DETECT_TARGET:.0%}): {'met' if met else 'MISSED'} "
               f"({by}); measured ratios {ratios}")  # fmt: skip
     return ok
+
+
+def binomial_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Clopper-Pearson interval of a rate of ``k`` in ``n`` (exact: binomial tails, bisected):
+    how far the observed false-verdict rate may lie from the test's own level by chance."""
+    if n == 0:
+        return 0.0, 1.0
+
+    def tail_at_least(p: float) -> float:  # P(X >= k) for X ~ Binomial(n, p)
+        return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+    def solve(f: Callable[[float], bool]) -> float:  # the p in [0, 1] where f turns True
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if f(mid) else (mid, hi)
+        return hi
+
+    alpha = (1 - level) / 2
+    low = 0.0 if k == 0 else solve(lambda p: tail_at_least(p) >= alpha)
+    high = 1.0 if k == n else solve(lambda p: 1 - tail_at_least(p) + _pmf(n, k, p) <= alpha)
+    return low, high
+
+
+def _pmf(n: int, k: int, p: float) -> float:
+    return math.comb(n, k) * p**k * (1 - p) ** (n - k)
 
 
 def summary(lab: Lab, tally: Tally, effect: bool) -> bool:
@@ -460,10 +520,18 @@ def summary(lab: Lab, tally: Tally, effect: bool) -> bool:
     if effect and tally.within_aa:
         exact = [hit for a, b, _ in tally.pairs for ident in (a, b)
                  for hit in lab.exact_effect(ident)]  # fmt: skip
+        hits = sum(x[0] for x in exact)
         print(f"for scale, an exact {EFFECT:.0%} on the twins' A/A cells (each probe's times x "
-              f"{1 + EFFECT:.2f}): slower in {sum(exact)} of {len(exact)} = "
-              f"{sum(exact) / max(len(exact), 1):.0%}: what N = {tally.within_aa[0].n_a} "
+              f"{1 + EFFECT:.2f}): slower in {hits} of {len(exact)} = "
+              f"{hits / max(len(exact), 1):.0%}: what N = {tally.within_aa[0].n_a} "
               "environments a side find in this noise, however the effect is injected")  # fmt: skip
+        paired = [x for x in exact if x[1] is not None]
+        if paired:
+            hit, false = sum(bool(x[1]) for x in paired), sum(bool(x[2]) for x in paired)
+            print(f"for scale, the same cells paired block by block (a signed-rank interval of "
+                  f"each block's two environments; compare does not pair): slower in {hit} of "
+                  f"{len(paired)} = {hit / len(paired):.0%}, and {false} false verdicts of "
+                  f"the A/A cells")  # fmt: skip
     booted = tally.booted_aa
     line = (f"for scale, the bootstrap of the medians (compare's interval until 2026-12-05) on the "
             f"same cells: A/A false verdicts {sum(w in (FASTER, SLOWER) for w in booted)} of "

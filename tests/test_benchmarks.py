@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
+import pytest
 
 from tests.conftest import REPO, require, require_binary
 
@@ -110,22 +114,28 @@ def test_campaign_wall_prints_its_figures() -> None:
 
 
 def test_aa_prints_its_figures(tmp_path: Path) -> None:
-    """aa.py with one pair and the effect campaign: two A/A campaigns and E compared, the rates
-    printed beside their targets (20 A/A cells are fewer than the 24 its target asks for, so it
-    says MISSED and exits 1: never 2 or a traceback)."""
+    """aa.py with one pair and the effect campaign, a busy neighbour beside them: two A/A
+    campaigns and E compared, the rates printed beside their targets with their binomial
+    intervals (20 A/A cells are fewer than the 24 its target asks for, so it says MISSED and
+    exits 1: never 2 or a traceback); the neighbour's processes gone after."""
     require(os.geteuid() == 0, "root (cgroups)")
     done = run_script(
-        "aa.py", "--pairs", "1", "--environments", "10", "--effect",
+        "aa.py", "--pairs", "1", "--environments", "10", "--effect", "--neighbour",
         "--data", str(tmp_path / "data"), "--work-root", str(tmp_path / "work"),
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     out = done.stdout
+    assert "sentinel on, blocked order, a busy neighbour" in out.splitlines()[0], out
+    neighbours = [p for p in Path("/proc").glob("[0-9]*/cmdline")
+                  if b"every process follows the one schedule" in _read(p)]  # fmt: skip
+    assert neighbours == [], neighbours
     assert re.search(r"^  sentinel B / A: sentinel-cpu [\d.]+x", out, flags=re.MULTILINE), out
     assert re.search(r"^  sentinel E / B: sentinel-cpu [\d.]+x", out, flags=re.MULTILINE), out
     assert len(re.findall(r"^  effect \S+: sleep [\d.]+ ms a round: ", out, re.MULTILINE)) == 4
     plain = out.split("compare A B (the interval covers within-campaign noise only):\n", 1)[1]
     false = r"^  A/A false verdicts: \d+ of 20 cells = [\d.]+% \(target <= 5% over >= 24 cells\): "
     assert re.match(false + "MISSED", plain), out
+    assert re.search(r"the rate's 95% interval \[[\d.]+%, [\d.]+%\]", plain), out
     assert re.search(r"^  20% effect detected: \d+ of 4 cells = \d+% \(target >= 80%\): "
                      r"(met|MISSED) \(publish \d of 1, seq-write \d of 1, create-small \d of 1, "
                      r"repo-inspect \d of 1\)", plain, flags=re.MULTILINE), out  # fmt: skip
@@ -137,9 +147,16 @@ def test_aa_prints_its_figures(tmp_path: Path) -> None:
                           re.MULTILINE)) == 4, out  # fmt: skip
     exact = (
         r"^for scale, an exact 20% on the twins' A/A cells \(each probe's times x 1.20\): "
-        r"slower in \d of 8 = \d+%: what N = 10 environments a side find in this noise"
+        r"slower in \d of 8 = \d+%: what N = 10 environments a side find in this noise, "
+        r"however the effect is injected$"
     )
     assert re.search(exact, out, flags=re.MULTILINE), out
+    paired = (  # a blocked campaign (the default): the same cells block by block, for scale
+        r"^for scale, the same cells paired block by block \(a signed-rank interval of each "
+        r"block's two environments; compare does not pair\): slower in \d of 8 = \d+%, and \d "
+        r"false verdicts of the A/A cells$"
+    )
+    assert re.search(paired, out, flags=re.MULTILINE), out
     booted = (r"^for scale, the bootstrap of the medians \(compare's interval until 2026-12-05\) "
               r"on the same cells: A/A false verdicts \d+ of 20, withheld \d+; 20% effect "
               r"detected in \d+ of 4$")  # fmt: skip
@@ -164,3 +181,33 @@ def test_aa_prints_its_figures(tmp_path: Path) -> None:
         twice.stdout
     )
     assert "(stored)" in again.stdout
+
+
+def test_aa_pairs_a_block_with_the_exact_signed_rank_interval() -> None:
+    """aa.py's block-by-block figure: the signed-rank tail counts of the published tables
+    (two-sided 5%: T <= 0, 3, 8, 52, 137), none below six pairs; for ten pairs the interval is
+    the 9th smallest and largest of the 55 Walsh averages of the log ratios; pairs with one
+    ratio give that ratio."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import aa  # a script: importable with its folder on the path
+
+    assert [aa.signed_rank_tail(n, 0.025) for n in (6, 8, 10, 20, 30)] == [1, 4, 9, 53, 138]
+    assert aa.signed_rank_tail(5, 0.025) == 0
+    assert aa.paired_interval(np.arange(1.0, 6.0), np.arange(1.0, 6.0)) == (0.0, math.inf)
+    a = np.arange(1.0, 11.0)
+    b = a * np.exp(np.linspace(-0.2, 0.4, 10))
+    d = np.log(b / a)
+    walsh = np.sort([(d[i] + d[j]) / 2 for i in range(10) for j in range(i, 10)])
+    low, high = aa.paired_interval(a, b)
+    assert (low, high) == pytest.approx((math.exp(walsh[8]), math.exp(walsh[46])))
+    assert aa.paired_interval(a, 1.25 * a) == pytest.approx((1.25, 1.25))
+    assert aa.binomial_interval(3, 48) == pytest.approx((0.01308, 0.17196), abs=1e-5)
+    assert aa.binomial_interval(0, 48) == pytest.approx((0.0, 0.07397), abs=1e-5)
+
+
+def _read(path: Path) -> bytes:
+    """A file of /proc, or nothing when its process has gone meanwhile."""
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""

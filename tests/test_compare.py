@@ -23,7 +23,6 @@ from test_campaign_local import Lab, _campaign_id
 
 from coordinator.plan.sentinel import SentinelRatio, bearing_on, drift_masks, largest, resource_of
 from coordinator.results import between
-from coordinator.results.analysis import passed_values
 from coordinator.results.compare import (
     BETWEEN,
     EXPLORATORY,
@@ -32,19 +31,13 @@ from coordinator.results.compare import (
     SLOWER,
     WITHHELD,
     WITHIN,
-    WITHIN_BLOCKS,
     Cell,
     Drift,
-    load_side,
-    paired_interval,
     ratio_interval,
-    same_blocks,
-    signed_rank_tail,
     u_tail,
     verdict,
 )
 from coordinator.store.store import Store
-from coordinator.store.trust import HostRegistry
 from worker import hostinfo
 from workloads.catalog import CALIBRATION
 
@@ -109,13 +102,11 @@ class Campaigns:
 
 @pytest.fixture(scope="module")
 def campaigns(tmp_path_factory: pytest.TempPathFactory) -> Campaigns:
-    """A (N=10, native + slow sync), B (the same plan again), C (N=3, a failing slow-sync), S
-    (A's plan in a shuffled order)."""
+    """A (N=10, native + slow sync), B (the same plan again), C (N=3, a failing slow-sync)."""
     c = Campaigns(Lab(tmp_path_factory.mktemp("compare")))
     c.run("A", n=10, modes=NATIVE_AND_SLOW)
     c.run("B", n=10, modes=NATIVE_AND_SLOW)
     c.run("C", n=3, modes=NATIVE_AND_FAILING)
-    c.run("S", n=10, modes=NATIVE_AND_SLOW, extra='order = "shuffled"')
     return c
 
 
@@ -124,18 +115,8 @@ def _cell(doc: dict[str, Any], mode: str) -> dict[str, Any]:
     return cell
 
 
-def _values(campaigns: Campaigns, key: str, mode: str) -> np.ndarray:
-    """The task times of ``mode``'s passed environments in campaign ``key``, by index."""
-    lab = campaigns.lab
-    side = load_side(Store(lab.data), campaigns.ids[key], HostRegistry(lab.registry))
-    (t,) = side.analysis.tables
-    return passed_values(t, "task_s")[mode, "stat-tree"]
-
-
 def test_two_modes_of_one_campaign(campaigns: Campaigns) -> None:
-    """A mode whose sync sleeps 50 ms per round is slower than native, interval above 1: the
-    interval of the ten block-by-block ratios (A's order is blocked, the default); in S, the
-    same plan in a shuffled order, that of the two samples."""
+    """A mode whose sync sleeps 50 ms per round is slower than native, interval above 1."""
     doc = campaigns.json("A:native", "A:slow-sync")
     cell = _cell(doc, "slow-sync")
     assert (cell["mode_a"], cell["n_a"], cell["n_b"]) == ("native", 10, 10)
@@ -147,16 +128,7 @@ def test_two_modes_of_one_campaign(campaigns: Campaigns) -> None:
     medians = {r["mode"]: float(r["task_s_median"]) for r in rows}
     assert cell["median_a"] == pytest.approx(medians["native"], abs=1e-6)  # as the report says
     assert cell["median_b"] == pytest.approx(medians["slow-sync"], abs=1e-6)
-    assert doc["interval_covers"] == WITHIN_BLOCKS  # environment i of both in block i
-    native, slow = _values(campaigns, "A", "native"), _values(campaigns, "A", "slow-sync")
-    assert (cell["low"], cell["high"]) == pytest.approx(paired_interval(native, slow))
-    assert "paired block by block" in cell["why"]
-    doc = campaigns.json("S:native", "S:slow-sync")
-    assert doc["interval_covers"] == WITHIN  # interleaved by the seeded order, not in blocks
-    shuffled = _cell(doc, "slow-sync")
-    native, slow = _values(campaigns, "S", "native"), _values(campaigns, "S", "slow-sync")
-    assert (shuffled["low"], shuffled["high"]) == pytest.approx(ratio_interval(native, slow))
-    assert shuffled["verdict"] == SLOWER and "paired" not in shuffled["why"]
+    assert doc["interval_covers"] == WITHIN  # interleaved by the seeded order
     report = (campaigns.lab.data / campaigns.ids["A"] / "report.md").read_text()
     drift = report.split("### Drift inside the campaign", 1)[1]
     assert re.match(r"\s+(No cell of the 2 tested drifts|\d of the 2 cells tested drift)", drift)
@@ -164,9 +136,7 @@ def test_two_modes_of_one_campaign(campaigns: Campaigns) -> None:
     journal = hostinfo.work_root_journal(campaigns.lab.work)  # the warning where it applies
     warned = "The work root is on ext4 without a journal" in drift.split("###", 1)[0]
     assert warned == (journal == hostinfo.NO_JOURNAL)
-    same = _cell(campaigns.json("A:native", "A:native"), "native")  # every pair's ratio is 1
-    assert (same["ratio"], same["low"], same["high"], same["verdict"]) == (1.0, 1.0, 1.0, SAME)
-    same = _cell(campaigns.json("S:native", "S:native"), "native")
+    same = _cell(campaigns.json("A:native", "A:native"), "native")
     assert same["ratio"] == 1.0 and same["low"] < 1 < same["high"] and same["verdict"] == SAME
 
 
@@ -466,55 +436,6 @@ def test_ratio_interval_is_the_exact_rank_interval() -> None:
     normal = 200 * 200 / 2 - 1.959964 * math.sqrt(200 * 200 * 401 / 12) + 0.5
     assert abs(exact - math.floor(normal)) <= 1
     assert abs(u_tail(201, 199, 0.025) - exact) <= 1
-
-
-def test_paired_interval_is_the_exact_signed_rank_interval() -> None:
-    """The signed-rank tail counts of the published tables (two-sided 5%: T <= 0, 3, 8, 52,
-    137), none below six pairs; for ten pairs the interval is the 9th smallest and largest of
-    the 55 Walsh averages of the log ratios; pairs with one ratio give that ratio; the normal
-    approximation beyond EXACT_MAX is within one of the exact count where they meet."""
-    assert [signed_rank_tail(n, 0.025) for n in (6, 8, 10, 20, 30)] == [1, 4, 9, 53, 138]
-    assert signed_rank_tail(5, 0.025) == 0
-    assert paired_interval(np.arange(1.0, 6.0), np.arange(1.0, 6.0)) == (0.0, math.inf)
-    a = np.arange(1.0, 11.0)
-    b = a * np.exp(np.linspace(-0.2, 0.4, 10))
-    d = np.log(b / a)
-    walsh = np.sort([(d[i] + d[j]) / 2 for i in range(10) for j in range(i, 10)])
-    assert paired_interval(a, b) == pytest.approx((math.exp(walsh[8]), math.exp(walsh[46])))
-    assert paired_interval(a, 1.25 * a) == pytest.approx((1.25, 1.25))
-    exact = signed_rank_tail(200, 0.025)  # 2n = EXACT_MAX: the last exact count
-    normal = 200 * 201 / 4 - 1.959964 * math.sqrt(200 * 201 * 401 / 24) + 0.5
-    assert abs(exact - math.floor(normal)) <= 1
-    normal = 201 * 202 / 4 - 1.959964 * math.sqrt(201 * 202 * 403 / 24) + 0.5
-    assert signed_rank_tail(201, 0.025) == math.floor(normal)  # beyond it: the approximation
-
-
-def test_blocks_cancel_the_machines_drift() -> None:
-    """Seeded campaigns whose machine drifts from block to block (a log-normal block effect of
-    sd 0.3, shared by the block's environments) and whose environments vary about it (sd 0.1):
-    with no difference the paired interval contains 1 in about 95% of them (its exact level is
-    95.1%; one Walsh average narrower, 93.6%); a 1.2x change is found in nearly all by the
-    paired interval, while the two-sample interval, blind to the blocks, finds it in under a
-    third. Cells pair only with the same indices, none rerun."""
-    rng = np.random.default_rng(11)
-    covered = found_paired = found_two = 0
-    for _ in range(2000):
-        block = rng.normal(0, 0.3, 10)
-        a = np.exp(block + rng.normal(0, 0.1, 10))
-        b = np.exp(block + rng.normal(0, 0.1, 10))
-        low, high = paired_interval(a, b)
-        covered += low <= 1 <= high
-        found_paired += paired_interval(a, 1.2 * b)[0] > 1
-        found_two += ratio_interval(a, 1.2 * b)[0] > 1
-    assert 1880 <= covered <= 1925, covered
-    assert found_paired >= 1800 and found_two <= 640, (found_paired, found_two)
-    index, first, rerun = np.arange(10.0), np.ones(10), np.array([1.0] * 9 + [2.0])
-    key_a, key_b = ("native", "w"), ("slow", "w")
-    assert same_blocks({key_a: index, key_b: index}, {key_a: first, key_b: first}, key_a, key_b)
-    assert not same_blocks({key_a: index, key_b: index}, {key_a: first, key_b: rerun}, key_a,
-                           key_b)  # fmt: skip
-    assert not same_blocks({key_a: index, key_b: index + 1}, {key_a: first, key_b: first},
-                           key_a, key_b)  # fmt: skip
 
 
 def test_ratio_interval_covers_95_percent() -> None:

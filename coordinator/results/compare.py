@@ -28,22 +28,19 @@ of 48 effect cells against the bootstrap's 35, with 19 false verdicts of 192 A/A
 17. What it does not see as well is a slowdown of only some environments (medians far apart,
 ranks mixed); the ratio shown stays the ratio of the medians.
 
-Two modes of one campaign run in blocks (``order = "blocked"``, the default since 2026-12-07:
-environment i of every cell in block i) are compared block by block: the interval is the exact
-Hodges-Lehmann interval of the N ratios b_i / a_i (``paired_interval``: Wilcoxon's signed-rank
-test), so what the machine does over the campaign, shared by the two environments of a block,
-cancels (``WITHIN_BLOCKS``). A cell either side of which was rerun, or a campaign of one
-shuffled order, is compared as two samples (``ratio_interval``).
-
 What the interval covers is stated (``interval_covers``): between two campaigns it compares
 environments within each campaign, so it knows nothing of how two campaigns of one
 configuration differ (``BETWEEN``, with the sound design for an A/B question); two modes of one
-campaign are interleaved by its seeded order (``WITHIN``), block by block (``WITHIN_BLOCKS``).
-Given A/A campaigns of the host (``--aa``: campaigns of one configuration, compared in
-consecutive pairs), the interval between two campaigns adds the spread two campaigns showed
-there, per workload (``WITH_AA``, ``coordinator.results.between``): over the README's twelve
-A/A pairs, each judged with the spread of the other eleven, 3 of 192 A/A cells got a verdict
-instead of 19.
+campaign are interleaved by its seeded order (``WITHIN``). That order is blocked by default
+(``coordinator.plan.campaign.run_order``), so each side's environments are spread evenly over
+the campaign, and they are still compared as two samples: the two-sample test stays valid
+(conservative if anything) under that restricted randomization, and pairing the environments
+of a block (a signed-rank interval) found fewer of the injected effects on this project's
+machine (``benchmarks/aa.py``, the README's A/A figures of 2026-12-07). Given A/A campaigns
+of the host (``--aa``: campaigns of one configuration, compared in consecutive pairs), the
+interval between two campaigns adds the spread two campaigns showed there, per workload
+(``WITH_AA``, ``coordinator.results.between``): over the README's twelve A/A pairs, each
+judged with the spread of the other eleven, 3 of 192 A/A cells got a verdict instead of 19.
 
 Each side's records are verified or not as ``report`` says (``coordinator.store.verdict``: the last
 ``verify``'s signed verdict over the bytes as they stand). Both sides' verdicts are stated; when
@@ -64,7 +61,6 @@ import numpy as np
 
 from contract.errors import CompareRefused
 from coordinator.plan import sentinel
-from coordinator.plan.file import BLOCKED
 from coordinator.results import between
 from coordinator.results.analysis import (
     CI_MIN_N,
@@ -85,13 +81,8 @@ EXPLORATORY = "exploratory"
 WITHHELD = "withheld"
 UNVERIFIED = "unverified"
 WITHIN = ("both sides are modes of one campaign: the seeded order interleaves their "
-          "environments, so the interval covers the noise of this comparison")  # fmt: skip
-WITHIN_BLOCKS = (
-    "both sides are modes of one campaign run in blocks (environment i of every cell in block "
-    "i, each block in a seeded order): each cell's interval is that of its N block-by-block "
-    "ratios, so the machine's drift over the campaign, shared by a block, cancels; a cell "
-    "rerun on either side is compared as two samples"
-)
+          "environments (by default in blocks, one environment of every cell a block), so the "
+          "interval covers the noise of this comparison")  # fmt: skip
 BETWEEN = (
     "the interval ranks each side's environments within its own campaign: it covers "
     "within-campaign noise only, not how two campaigns of one configuration differ (the "
@@ -259,37 +250,6 @@ def ratio_interval(a: np.ndarray, b: np.ndarray, level: float = LEVEL) -> tuple[
     return float(np.exp(ratios[k - 1])), float(np.exp(ratios[n * m - k]))
 
 
-def paired_interval(a: np.ndarray, b: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
-    """Exact Hodges-Lehmann interval of the ratio b / a from N pairs (a_i, b_i): the k-th
-    smallest and the k-th largest of the N (N + 1) / 2 Walsh averages of the log ratios, k the
-    number of the signed-rank statistic's values in its lower (1 - level) / 2 tail (9 for N =
-    10): the ratios r for which a two-sided Wilcoxon signed-rank test of "each b_i is a_i times
-    r" at 1 - level does not reject (Hollander and Wolfe, ch. 3)."""
-    d = np.log(b) - np.log(a)
-    i, j = np.triu_indices(len(d))
-    walsh = np.sort((d[i] + d[j]) / 2)
-    k = signed_rank_tail(len(d), (1 - level) / 2)
-    if k == 0:  # too few pairs for an interval at this level
-        return 0.0, math.inf
-    return float(np.exp(walsh[k - 1])), float(np.exp(walsh[len(walsh) - k]))
-
-
-def signed_rank_tail(n: int, alpha: float) -> int:
-    """How many of the values 0, 1, ... of the Wilcoxon signed-rank statistic of n pairs (no
-    ties, no zeros) together have probability at most ``alpha`` under no difference. Exact (the
-    2^n sign patterns counted by their statistic) while 2n <= EXACT_MAX, else the normal
-    approximation."""
-    if 2 * n > EXACT_MAX:
-        sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
-        return max(0, math.floor(n * (n + 1) / 4 - NormalDist().inv_cdf(1 - alpha) * sd + 0.5))
-    counts = np.zeros(n * (n + 1) // 2 + 1)
-    counts[0] = 1.0
-    for rank in range(1, n + 1):  # times (1 + q^rank)
-        counts[rank:] += counts[:-rank].copy()
-    tail = np.cumsum(counts) / 2.0**n
-    return int(np.searchsorted(tail, alpha * (1 + 1e-12), side="right"))
-
-
 def u_tail(n: int, m: int, alpha: float) -> int:
     """How many of the values 0, 1, ... of the Mann-Whitney U statistic (n and m values, no
     ties) together have probability at most ``alpha`` under no difference. Exact (the Gaussian
@@ -325,8 +285,7 @@ def compare(a: Side, b: Side, noise: between.Noise | None = None) -> Comparison:
             f"{a.label} and {b.label} are modes of one campaign: the seeded order interleaves "
             "them, so there is no between-campaign noise to add; compare them without --aa"
         )
-    blocked = one and a.campaign.plan.get("order") == BLOCKED
-    out.interval_covers = (WITHIN_BLOCKS if blocked else WITHIN) if one else BETWEEN
+    out.interval_covers = WITHIN if one else BETWEEN
     if noise is not None:
         out.interval_covers = WITH_AA.format(campaigns=", ".join(noise.campaigns))
         out.notes += [f"{side.label} is one of the A/A campaigns: its difference from the others "
@@ -341,7 +300,7 @@ def compare(a: Side, b: Side, noise: between.Noise | None = None) -> Comparison:
         assert tb is not None
         if not one:  # one campaign's modes share its time: no drift
             _measure_drift(out, a, b, host, cohort)
-        _compare_host(out, (a, ta), (b, tb), noise, paired=blocked)
+        _compare_host(out, (a, ta), (b, tb), noise)
     _refuse_unverified(out, a, b, noise.unverified if noise else [])
     return out
 
@@ -440,14 +399,11 @@ def _check_same_work(a: Side, b: Side) -> None:
 
 
 def _compare_host(out: Comparison, a: tuple[Side, HostTables], b: tuple[Side, HostTables],
-                  noise: between.Noise | None, *, paired: bool = False) -> None:  # fmt: skip
-    """Append the compared and the excluded cells of one host and cohort; ``paired``: the
-    sides are modes of one campaign run in blocks."""
+                  noise: between.Noise | None) -> None:  # fmt: skip
+    """Append the compared and the excluded cells of one host and cohort."""
     (sa, ta), (sb, tb) = a, b
     ca, cb = sa.cells(ta), sb.cells(tb)
     va, vb = passed_values(ta, "task_s"), passed_values(tb, "task_s")
-    blocks = passed_values(ta, "env_index") if paired else {}
-    first = passed_values(ta, "attempt") if paired else {}
     for key in [*ca, *(k for k in cb if k not in ca)]:
         ra, rb = ca.get(key), cb.get(key)
         workload = key if isinstance(key, str) else key[1]
@@ -458,9 +414,8 @@ def _compare_host(out: Comparison, a: tuple[Side, HostTables], b: tuple[Side, Ho
             out.excluded.append(Excluded(ta.host, ta.cohort, workload, ma, mb, why))
             continue
         xa, xb = va[(ma, workload)], vb[(mb, workload)]
-        pairs = paired and same_blocks(blocks, first, (ma, workload), (mb, workload))
         cell = _cell(ta, workload, (ma, xa), (mb, xb), drift_of(out, ta.host, workload),
-                     noise, paired=pairs)  # fmt: skip
+                     noise)  # fmt: skip
         out.cells.append(cell)
 
 
@@ -474,33 +429,18 @@ def drift_of(out: Comparison, host: str, workload: str) -> Drift | None:
                               f"{worst.n_b} points")  # fmt: skip
 
 
-def same_blocks(blocks: dict[tuple[str, str], np.ndarray],
-                 attempts: dict[tuple[str, str], np.ndarray], a: tuple[str, str],
-                 b: tuple[str, str]) -> bool:  # fmt: skip
-    """Whether cells ``a`` and ``b`` of one blocked campaign ran block by block: the same
-    environment indices, none of them rerun (a rerun cell ran after the others, alone)."""
-    return bool(np.array_equal(blocks[a], blocks[b])
-                and np.all(attempts[a] == 1) and np.all(attempts[b] == 1))  # fmt: skip
-
-
 def _cell(t: HostTables, workload: str, a: tuple[str, np.ndarray], b: tuple[str, np.ndarray],
-          drift: Drift | None, noise: between.Noise | None, *,
-          paired: bool = False) -> Cell:  # fmt: skip
-    """One compared cell from the environment task times of both sides (``paired``: the i-th
-    of each side ran in one block); ``noise`` widens its interval by the host's
-    between-campaign spread for the workload."""
+          drift: Drift | None, noise: between.Noise | None) -> Cell:  # fmt: skip
+    """One compared cell from the environment task times of both sides; ``noise`` widens its
+    interval by the host's between-campaign spread for the workload."""
     (ma, xa), (mb, xb) = a, b
     med_a, med_b = float(np.median(xa)), float(np.median(xb))
     ratio = med_b / med_a
-    interval = None
-    if min(len(xa), len(xb)) >= CI_MIN_N:
-        interval = paired_interval(xa, xb) if paired else ratio_interval(xa, xb)
+    interval = ratio_interval(xa, xb) if min(len(xa), len(xb)) >= CI_MIN_N else None
     spread = None if noise is None else noise.of(t.host, t.cohort, workload)
     if interval is not None and spread is not None and math.isfinite(interval[1]):
         interval = between.widen(*interval, spread)
     word, why = verdict(len(xa), len(xb), ratio, interval, drift)
-    if paired and interval is not None:
-        why += f" (its {len(xa)} environments paired block by block)"
     if noise is not None and interval is not None:
         why += (f"; widened by the A/A spread of {workload} on host {t.host}, {spread.text()}"
                 if spread is not None else f"; no A/A estimate for {workload} on host "
