@@ -41,10 +41,10 @@ def expand(
     """Every planned environment of every host, each host's list in its seeded run order.
 
     A blocked order (the default) runs environment i of every cell in block i, blocks in that
-    order, each shuffled by the seed: a randomized complete block design, so two modes of one
-    campaign meet the machine's drift over it alike and are compared environment by
-    environment, block by block (``coordinator.results.compare``). A shuffled plan
-    (``order = "shuffled"``) runs one shuffle of all, as every campaign did before 2026-12-07.
+    order, each shuffled by the seed: every cell's environments are spread evenly over the
+    campaign, so a slow spell of the machine slows one environment of each cell rather than,
+    by chance, several of one mode. A shuffled plan (``order = "shuffled"``) runs one shuffle
+    of all, as every campaign did before 2026-12-07.
     The sentinel's calibration points (``coordinator.plan.sentinel``) are placed in that order at
     the start, after every K environments and at the end, unless the plan turns them off.
     """

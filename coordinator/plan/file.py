@@ -29,11 +29,10 @@ and bounds; a command mode (a mode table with ``template``) has a name of its ow
 built-in mode's nor another mode's of the plan; a built-in mode takes only the ``options`` it
 declares (``Mode.option_names``) and no command-mode key.
 
-The run order (``coordinator.plan.campaign``) is ``blocked`` unless ``order = "shuffled"``:
-blocks of one environment of every cell, each block shuffled by the seed, so that two modes
-of a campaign are compared environment by environment (``coordinator.results.compare``); a
-shuffled order is one shuffle of every environment, the order of campaigns planned before
-2026-12-07.
+The run order (``coordinator.plan.campaign.run_order``) is ``blocked`` unless ``order =
+"shuffled"``: blocks of one environment of every cell, each block shuffled by the seed, so
+that every cell's environments are spread evenly over the campaign; a shuffled order is one
+shuffle of every environment, the order of campaigns planned before 2026-12-07.
 
 The machine-state sentinel (``coordinator.plan.sentinel``) is on unless ``sentinel = false``; a
 ``[sentinel]`` table with ``every = K`` sets how many environments run between its points.
