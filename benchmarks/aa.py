@@ -479,8 +479,8 @@ def binomial_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float
     if n == 0:
         return 0.0, 1.0
 
-    def tail_at_least(p: float) -> float:  # P(X >= k) for X ~ Binomial(n, p)
-        return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+    def at_most(p: float, m: int) -> float:  # P(X <= m) for X ~ Binomial(n, p)
+        return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(m + 1))
 
     def solve(f: Callable[[float], bool]) -> float:  # the p in [0, 1] where f turns True
         lo, hi = 0.0, 1.0
@@ -490,13 +490,9 @@ def binomial_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float
         return hi
 
     alpha = (1 - level) / 2
-    low = 0.0 if k == 0 else solve(lambda p: tail_at_least(p) >= alpha)
-    high = 1.0 if k == n else solve(lambda p: 1 - tail_at_least(p) + _pmf(n, k, p) <= alpha)
+    low = 0.0 if k == 0 else solve(lambda p: 1 - at_most(p, k - 1) >= alpha)
+    high = 1.0 if k == n else solve(lambda p: at_most(p, k) <= alpha)
     return low, high
-
-
-def _pmf(n: int, k: int, p: float) -> float:
-    return math.comb(n, k) * p**k * (1 - p) ** (n - k)
 
 
 def summary(lab: Lab, tally: Tally, effect: bool) -> bool:
