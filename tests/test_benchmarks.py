@@ -116,8 +116,9 @@ def test_campaign_wall_prints_its_figures() -> None:
 def test_aa_prints_its_figures(tmp_path: Path) -> None:
     """aa.py with one pair and the effect campaign, a busy neighbour beside them: two A/A
     campaigns and E compared, the rates printed beside their targets with their binomial
-    intervals (20 A/A cells are fewer than the 24 its target asks for, so it says MISSED and
-    exits 1: never 2 or a traceback); the neighbour's processes gone after."""
+    intervals (the twins' 8 A/A cells, on which the exit status rests, are fewer than the 24
+    its target asks for, so it says MISSED and exits 1: never 2 or a traceback); the
+    neighbour's processes gone after."""
     require(os.geteuid() == 0, "root (cgroups)")
     done = run_script(
         "aa.py", "--pairs", "1", "--environments", "10", "--effect", "--neighbour",
@@ -161,6 +162,8 @@ def test_aa_prints_its_figures(tmp_path: Path) -> None:
               r"on the same cells: A/A false verdicts \d+ of 20, withheld \d+; 20% effect "
               r"detected in \d+ of 4$")  # fmt: skip
     assert re.search(booted, out, flags=re.MULTILINE), out
+    # 8 twin A/A cells: fewer than 24, so the design a verdict rests on misses (exit status 1)
+    assert "targets MISSED by the twins inside one campaign (the exit status)" in out, out
     # the same campaigns read back (--stored): the same verdicts, nothing run
     ids = re.findall(r"^  1[abe]: (c-\S+) \(", out, flags=re.MULTILINE)
     assert len(ids) == 3, out
