@@ -17,7 +17,7 @@ from worker.snapshot import (
     snapshot_diff,
 )
 from workloads.fixtures import copy_fixture
-from workloads.oracle import PARALLEL_BYTES, scan
+from workloads.oracle import APART_FILES, PARALLEL_BYTES, Model, compare, scan, scan_tree
 
 
 def tree(root: Path) -> list[Path]:
@@ -104,9 +104,10 @@ def sparse_tree(root: Path) -> tuple[Path, Path]:
     return empty, mixed
 
 
-def read_bytes_so_far() -> int:
-    """What this process has read through read(2) and its kin (``rchar``)."""
-    io_text = Path("/proc/self/io").read_text()
+def read_bytes_so_far(who: str = "self") -> int:
+    """What this process (``who``: or this thread, ``thread-self``) has read through read(2)
+    and its kin (``rchar``)."""
+    io_text = Path(f"/proc/{who}/io").read_text()
     return int(next(line.split()[1] for line in io_text.splitlines() if line.startswith("rchar")))
 
 
@@ -207,3 +208,28 @@ def test_a_faithful_copy_has_its_fixtures_snapshot(tmp_path: Path) -> None:
     assert snapshot_diff(before, snapshot(copy, like=before)) == [
         "missing big/f1.bin", "changed small0.txt",
     ]  # fmt: skip
+
+
+def test_a_large_trees_small_files_half_hashed_apart_give_the_same_states(tmp_path: Path) -> None:
+    """The oracle's walk of a tree of ``APART_FILES`` small files or more hands half of them to
+    a separate process (``apart``): the very states the in-process hashes give, a name that is
+    not UTF-8 and a link included, this process reading only its own half; a byte changed in the
+    half hashed apart is still a mismatch."""
+    for i in range(APART_FILES + 10):
+        (tmp_path / f"d{i % 7}").mkdir(exist_ok=True)
+        (tmp_path / f"d{i % 7}" / f"f{i:05d}").write_bytes(bytes([i % 251]) * (500 + i % 300))
+    odd = os.fsdecode(b"d6/z-\xff-name")  # sorted last: in the half hashed apart
+    (tmp_path / odd).write_bytes(b"not utf-8")
+    (tmp_path / "link").symlink_to("d0/f00000")
+    files, dirs = scan_tree(tmp_path)
+    total = sum(f.size for f in files.values())
+    read = read_bytes_so_far("thread-self")  # this thread's: a reaped child's reads not in it
+    assert scan_tree(tmp_path, apart=True) == (files, dirs)
+    assert read_bytes_so_far("thread-self") - read < 0.75 * total  # the helper read the rest
+    model = Model(files=files)
+    assert compare(tmp_path, model) == []
+    (tmp_path / odd).write_bytes(b"not utf-9")
+    got = scan_tree(tmp_path)[0][odd].sha256
+    assert compare(tmp_path, model) == [
+        f"hash: {odd} expected {files[odd].sha256[:16]} got {got[:16]}"
+    ]

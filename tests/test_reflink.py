@@ -13,6 +13,7 @@ from conftest import require, require_binary
 from contract.records import EnvironmentSpec
 from worker.hostinfo import host_facts
 from worker.runner import run_environment
+from worker.workroot import removes_serially, rmtree_parallel
 from workloads.fixtures import (
     PLAIN_COPY,
     REFLINK,
@@ -95,3 +96,20 @@ def test_environments_on_a_reflink_workspace_pass_and_leave_the_fixture_intact(
     assert record.provenance["workspace_copy"] == REFLINK
     assert host_facts(btrfs, {})["workspace_copy"] == REFLINK
     assert tree_digest(fixture) == digest
+
+
+def test_removal_runs_on_one_thread_on_btrfs_and_on_all_cpus_on_ext4(
+    btrfs: Path, ext4: Path
+) -> None:
+    """``rmtree_parallel`` splits a tree over threads on ext4 but not on Btrfs, where one thread
+    is faster (``SERIAL_REMOVAL``); either way the whole tree goes, a link's target kept."""
+    for root, serial in ((btrfs, True), (ext4, False)):
+        tree = root / "ws"
+        for i in range(40):
+            (tree / f"a{i % 4}" / f"b{i % 5}").mkdir(parents=True, exist_ok=True)
+            (tree / f"a{i % 4}" / f"b{i % 5}" / f"f{i}").write_bytes(b"x" * i)
+        (root / "kept").write_bytes(b"target")
+        (tree / "a0" / "link").symlink_to(root / "kept")
+        assert removes_serially(os.stat(tree).st_dev, tree) is serial
+        rmtree_parallel(tree)
+        assert not tree.exists() and (root / "kept").read_bytes() == b"target"

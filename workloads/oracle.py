@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
+import json
 import os
 import stat
-from collections.abc import Iterable, Iterator
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -20,6 +25,35 @@ HASH_CHUNK = 1 << 20
 # CPUs (hashlib and read() let go of the GIL): each byte is still read once; smaller files are
 # hashed in the walk's thread, where a thread's hand-off would cost more than the hash.
 PARALLEL_BYTES = 4 << 20
+# A tree of at least this many small files has half of them hashed by a separate Python process
+# (``_hash_apart``) beside this one's walk: on a file system whose copies start with a cold page
+# cache (reflinks) each small file costs a read from the device, which a thread of this process
+# would take turns with the walk on the GIL to overlap (measured: two threads no faster).
+APART_FILES = 2000
+APART_TIMEOUT_S = 600
+# The other side of ``_hash_apart``: paths (JSON, surrogate-escaped) on standard input, each
+# one's SHA-256 or null (not a regular file to read: then this process hashes it, and says why
+# it cannot) on standard output; only the standard library, so it starts in tens of ms.
+_APART_CODE = """
+import hashlib, json, os, sys
+out = []
+for path in json.load(sys.stdin):
+    try:
+        fd = os.open(os.fsencode(path), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        out.append(None)
+        continue
+    h = hashlib.sha256()
+    try:
+        while chunk := os.read(fd, %d):
+            h.update(chunk)
+        out.append(h.hexdigest())
+    except OSError:
+        out.append(None)
+    finally:
+        os.close(fd)
+json.dump(out, sys.stdout)
+"""
 # A file system's own bookkeeping at a mount root is never part of a workload's state.
 ALWAYS_IGNORED = ("lost+found",)
 
@@ -82,13 +116,65 @@ def _blocks_state(path: str, st: os.stat_result, blocks: Blocks) -> FileState:
     return FileState(st.st_size, blocks.sha256)
 
 
+def _hash_apart(paths: list[str]) -> Callable[[], list[str | None]]:
+    """Start hashing the regular files ``paths`` in a separate Python process (``_APART_CODE``);
+    a call that waits for their digests (None where that process could not read one, or every
+    one if it failed: the caller hashes those itself)."""
+    argv = [sys.executable, "-I", "-S", "-c", _APART_CODE % HASH_CHUNK]
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    except OSError:
+        return lambda: [None] * len(paths)
+    feeder = threading.Thread(target=_feed, args=(proc, json.dumps(paths)), daemon=True)
+    feeder.start()
+
+    def digests() -> list[str | None]:
+        feeder.join(APART_TIMEOUT_S)  # the input written and closed (or the process gone)
+        proc.stdin = None  # so communicate() only reads
+        try:
+            out, _ = proc.communicate(timeout=APART_TIMEOUT_S)
+            got = json.loads(out) if proc.returncode == 0 else None
+        except (subprocess.TimeoutExpired, ValueError):
+            got = None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if not isinstance(got, list) or len(got) != len(paths):
+            return [None] * len(paths)
+        return [x if isinstance(x, str) else None for x in got]
+
+    return digests
+
+
+def _feed(proc: subprocess.Popen[str], text: str) -> None:
+    """Write ``text`` to ``proc``'s standard input and close it (a thread: the pipe's buffer is
+    smaller than a long list of paths, and the process reads it all before it writes)."""
+    assert proc.stdin is not None
+    with contextlib.suppress(OSError):
+        proc.stdin.write(text)
+    with contextlib.suppress(OSError):
+        proc.stdin.close()
+
+
 def file_states(
-    paths: list[tuple[str, os.stat_result]], blocks: list[Blocks | None] | None = None
+    paths: list[tuple[str, os.stat_result]],
+    blocks: list[Blocks | None] | None = None,
+    *,
+    apart: bool = False,
 ) -> list[FileState]:
     """``_file_state`` of each (path, lstat), in order; the large files hashed in parallel. A
     regular file of its predicted size with ``blocks[i]`` is compared block by block instead
-    (``_blocks_state``), also in parallel."""
+    (``_blocks_state``), also in parallel. ``apart``: of ``APART_FILES`` small regular files or
+    more, the second half is hashed by a separate process meanwhile (``_hash_apart``)."""
     predicted = blocks or [None] * len(paths)
+    small = [i for i, (_, st) in enumerate(paths) if stat.S_ISREG(st.st_mode)
+             and st.st_size < PARALLEL_BYTES and predicted[i] is None]  # fmt: skip
+    handed: list[int] = []
+    if apart and len(small) >= APART_FILES and len(os.sched_getaffinity(0)) > 1:
+        handed = small[len(small) // 2 :]
+        digests = _hash_apart([paths[i][0] for i in handed])
 
     def state(i: int) -> FileState:
         path, st = paths[i]
@@ -106,6 +192,13 @@ def file_states(
         with ThreadPoolExecutor(workers) as pool:
             for i, found in zip(large, pool.map(state, large), strict=True):
                 states[i] = found
+    later = set(handed)
+    for i in range(len(paths)):
+        if states[i] is None and i not in later:
+            states[i] = state(i)
+    if handed:
+        for i, digest in zip(handed, digests(), strict=True):
+            states[i] = FileState(paths[i][1].st_size, digest) if digest else state(i)
     return [s if s is not None else state(i) for i, s in enumerate(states)]
 
 
@@ -128,10 +221,15 @@ def walk(root: Path, ignore: Iterable[str] = ()) -> Iterator[tuple[str, os.stat_
 
 
 def scan_tree(
-    root: Path, ignore: Iterable[str] = (), blocks: dict[str, Blocks] | None = None
+    root: Path,
+    ignore: Iterable[str] = (),
+    blocks: dict[str, Blocks] | None = None,
+    *,
+    apart: bool = False,
 ) -> tuple[dict[str, FileState], set[str]]:
     """Files (path -> state) and directories below ``root`` (``blocks``: files predicted block
-    by block, compared with the prediction rather than hashed: ``file_states``)."""
+    by block, compared with the prediction rather than hashed; ``apart``: half of a large
+    tree's small files hashed by a separate process: ``file_states``)."""
     dirs: set[str] = set()
     found: list[tuple[str, os.stat_result]] = []
     for rel, st in walk(root, ignore):
@@ -140,7 +238,8 @@ def scan_tree(
         else:
             found.append((rel, st))
     expected = [blocks.get(rel) for rel, _ in found] if blocks else None
-    states = file_states([(os.path.join(root, rel), st) for rel, st in found], expected)
+    states = file_states([(os.path.join(root, rel), st) for rel, st in found], expected,
+                         apart=apart)  # fmt: skip
     return {rel: state for (rel, _), state in zip(found, states, strict=True)}, dirs
 
 
@@ -204,7 +303,7 @@ def scan_cached(
 
 def compare(root: Path, model: Model) -> list[str]:
     """One line per mismatch between ``root`` and ``model`` (missing, extra, size, hash)."""
-    files, dirs = scan_tree(root, model.ignore, model.blocks)
+    files, dirs = scan_tree(root, model.ignore, model.blocks, apart=True)
     out: list[str] = []
     for rel in sorted(set(model.files) | set(files)):
         want, got = model.files.get(rel), files.get(rel)
