@@ -301,9 +301,11 @@ def scan_cached(
     return _scan_cached(str(root), (st.st_dev, st.st_ino, st.st_ctime_ns), tuple(ignore))
 
 
-def compare(root: Path, model: Model) -> list[str]:
-    """One line per mismatch between ``root`` and ``model`` (missing, extra, size, hash)."""
-    files, dirs = scan_tree(root, model.ignore, model.blocks, apart=True)
+def compare(root: Path, model: Model, *, apart: bool = True) -> list[str]:
+    """One line per mismatch between ``root`` and ``model`` (missing, extra, size, hash);
+    ``apart``: a large tree's small files half hashed by a separate process (``file_states``;
+    not when another process already takes the second CPU)."""
+    files, dirs = scan_tree(root, model.ignore, model.blocks, apart=apart)
     out: list[str] = []
     for rel in sorted(set(model.files) | set(files)):
         want, got = model.files.get(rel), files.get(rel)
