@@ -252,9 +252,11 @@ def test_timed_out_container_is_gone(
     from worker.runner import run_environment
 
     # A twentieth of one CPU stretches each round to about 5 s of wall time (CPU-bound, so
-    # never faster): the limit falls after Ready and long before the third round ends.
+    # never faster): the limit falls after Ready and long before the third round ends. (At 5 s
+    # the limit came before Ready once, on a slow machine, 2026-12-07: the payload's start at a
+    # twentieth of a CPU is seconds too.)
     quota = Quota(cpus="0", cpu_quota=0.05)
-    spec = spec_for("ws256-w1", work_root, scale=1.0, limit_s=5.0, quota=quota, seed=4243)
+    spec = spec_for("ws256-w1", work_root, scale=1.0, limit_s=9.0, quota=quota, seed=4243)
     record = run_environment(spec)
     assert record is not None
     assert (record.outcome, record.reason) == ("failed", "timeout"), record.detail

@@ -197,6 +197,10 @@ def test_the_cpu_time_before_the_join_is_the_gap_between_the_two_counts() -> Non
         own, in_group = float(out), group.cpu_seconds()
         assert spawned.prejoin_cpu_s >= 0.01, (spawned.prejoin_cpu_s, own, in_group)
         assert own - in_group >= 0.01, "the start before the join is in no cgroup"
-        assert abs(in_group + spawned.prejoin_cpu_s - own) < 0.006, (in_group, own, spawned)
+        # the cgroup also holds the Python's exit after it printed its count (3-9 ms here, more
+        # on a slower machine), so the sum may pass the process's own count by that, never fall
+        # short of it by more than the rounding
+        gap = in_group + spawned.prejoin_cpu_s - own
+        assert -0.003 < gap < 0.015, (in_group, own, spawned)
     finally:
         group.remove()
