@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import hashlib
 import json
@@ -10,7 +9,6 @@ import os
 import stat
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -117,21 +115,21 @@ def _blocks_state(path: str, st: os.stat_result, blocks: Blocks) -> FileState:
 
 
 def _hash_apart(paths: list[str]) -> Callable[[], list[str | None]]:
-    """Start hashing the regular files ``paths`` in a separate Python process (``_APART_CODE``);
-    a call that waits for their digests (None where that process could not read one, or every
-    one if it failed: the caller hashes those itself)."""
+    """Start hashing the regular files ``paths`` in a separate Python process (``_APART_CODE``;
+    the paths on its standard input from a memory file, so nothing waits on a pipe); a call
+    that waits for their digests (None where that process could not read one, or every one if
+    it failed: the caller hashes those itself)."""
     argv = [sys.executable, "-I", "-S", "-c", _APART_CODE % HASH_CHUNK]
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+        with os.fdopen(os.memfd_create("sandbench-oracle-paths"), "w+b") as listed:
+            listed.write(json.dumps(paths).encode())
+            listed.seek(0)
+            proc = subprocess.Popen(argv, stdin=listed, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     except OSError:
         return lambda: [None] * len(paths)
-    feeder = threading.Thread(target=_feed, args=(proc, json.dumps(paths)), daemon=True)
-    feeder.start()
 
     def digests() -> list[str | None]:
-        feeder.join(APART_TIMEOUT_S)  # the input written and closed (or the process gone)
-        proc.stdin = None  # so communicate() only reads
         try:
             out, _ = proc.communicate(timeout=APART_TIMEOUT_S)
             got = json.loads(out) if proc.returncode == 0 else None
@@ -146,16 +144,6 @@ def _hash_apart(paths: list[str]) -> Callable[[], list[str | None]]:
         return [x if isinstance(x, str) else None for x in got]
 
     return digests
-
-
-def _feed(proc: subprocess.Popen[str], text: str) -> None:
-    """Write ``text`` to ``proc``'s standard input and close it (a thread: the pipe's buffer is
-    smaller than a long list of paths, and the process reads it all before it writes)."""
-    assert proc.stdin is not None
-    with contextlib.suppress(OSError):
-        proc.stdin.write(text)
-    with contextlib.suppress(OSError):
-        proc.stdin.close()
 
 
 def file_states(
