@@ -45,7 +45,8 @@ class Cgroup(ABC):
 
     @abstractmethod
     def join_paths(self) -> list[Path]:
-        """The ``cgroup.procs`` files whose write of "0" moves the writing process in."""
+        """The files whose write of "0" moves the writing process in (written by a process
+        with one thread: in v1 it is the thread that moves)."""
 
     def join_fds(self) -> list[int]:
         """Open file descriptors whose write of "0" moves the writing process into the cgroup."""
@@ -97,14 +98,6 @@ class Cgroup(ABC):
         """Provenance of the cgroup: version, path, placement and the limits read back."""
         return {"version": self.version, "path": self.path, "placement": self.placement,
                 "limits": self.limits()}  # fmt: skip
-
-    def join(self, pid: int) -> None:
-        """Move process ``pid`` (and, in v1, only that process) into the cgroup."""
-        for fd in self.join_fds():
-            try:
-                os.write(fd, str(pid).encode())
-            finally:
-                os.close(fd)
 
     def preexec(self) -> Callable[[], None]:
         """A ``preexec_fn`` for ``subprocess.Popen`` that joins the child before it execs.

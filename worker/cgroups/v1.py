@@ -95,8 +95,15 @@ class CgroupV1(Cgroup):
             write_file(memory / "memory.swappiness", "0")
 
     def join_paths(self) -> list[Path]:
-        """One ``cgroup.procs`` per hierarchy."""
-        return [d / "cgroup.procs" for d in self._unique_dirs()]
+        """One ``tasks`` file per hierarchy: "0" written there moves the writing thread alone.
+
+        The writers are single-threaded (the launcher's shim, a child between fork and exec),
+        so the thread is the whole process, and the kernel (5.19 on) then skips the global
+        threadgroup lock, whose write side waits for an RCU grace period: a ``cgroup.procs``
+        write of "0" takes it. Measured here (bash writing four hierarchies, 2 CPUs, 6.18):
+        2.1 ms against 7.8 ms, on the way to every environment's marker.
+        """
+        return [d / "tasks" for d in self._unique_dirs()]
 
     def pids(self) -> list[int]:
         """Processes in the pids hierarchy's cgroup."""
