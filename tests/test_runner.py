@@ -140,7 +140,7 @@ def test_steps_lie_inside_their_phases(root: Path) -> None:
     extra = record.model_extra or {}
     phases, steps = extra["phases"], extra["steps"]
     assert set(steps) <= {f"{s}_s" for s in STEPS}
-    for step in ("prepare.copy", "prepare.sync", "prepare.snapshot", "drive.checks",
+    for step in ("prepare.copy", "prepare.sync", "prepare.snapshot", "drive.join", "drive.checks",
                  "drive.placement", "drive.exit", "oracle.model", "oracle.compare",
                  "cleanup.remove"):  # fmt: skip
         assert steps.get(f"{step}_s", 0) > 0, (step, steps)

@@ -91,15 +91,16 @@ PHASES = ("prepare", "drive", "oracle", "cleanup")
 # the biggest unmeasured costs can be named: the payload's bytecode (compiled once per process,
 # ``worker.bytecode``), the fixture built or found, its copy, the cgroup,
 # the mode's own preparation, the staged snapshot, the oracle's model, the sync before the
-# marker; the payload's checks between rounds, the placement checks and the exit; the oracle's
+# marker; the wait for the launcher's shim to have joined the cgroup (before the marker), the
+# payload's checks between rounds, the placement checks and the exit; the oracle's
 # model (if not kept) and its comparison, the wait for the staged original's check; the mode's
 # cleanup, the removal, the wait for the next environment's preparation, the write-back and the
 # cgroup's removal.
 STEPS = (
     "prepare.bytecode", "prepare.fixture", "prepare.copy", "prepare.cgroup", "prepare.mode",
-    "prepare.snapshot", "prepare.model", "prepare.sync", "drive.checks", "drive.placement",
-    "drive.exit", "oracle.model", "oracle.compare", "oracle.original", "cleanup.mode",
-    "cleanup.remove", "cleanup.wait", "cleanup.sync", "cleanup.cgroup",
+    "prepare.snapshot", "prepare.model", "prepare.sync", "drive.join", "drive.checks",
+    "drive.placement", "drive.exit", "oracle.model", "oracle.compare", "oracle.original",
+    "cleanup.mode", "cleanup.remove", "cleanup.wait", "cleanup.sync", "cleanup.cgroup",
 )  # fmt: skip
 
 
@@ -506,9 +507,10 @@ class _Run:
             raise Failed("launcher-error", f"mode launcher: {exc}") from exc
         self.seen.provenance["shim_started_ahead"] = self.shim is not None
         try:  # the marker t0: just before the launcher's exec, after the cgroup join
-            shim, self.shim = self.shim or self._shim(argv), None
-            self.proc = shim.proc  # killed at cleanup even if its release fails
-            _, t0, self.seen.prejoin_cpu_s = shim.release()
+            with self.timed("drive.join"):  # its start too, if it was not started ahead
+                shim, self.shim = self.shim or self._shim(argv), None
+                self.proc = shim.proc  # killed at cleanup even if its release fails
+                _, t0, self.seen.prejoin_cpu_s = shim.release()
         except (OSError, subprocess.SubprocessError) as exc:
             raise Failed("launcher-error", f"cannot start {argv[0]}: {exc}") from exc
         self.seen.provenance["prejoin_cpu_s"] = self.seen.prejoin_cpu_s
