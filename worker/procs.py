@@ -124,7 +124,7 @@ SHIM = (
     'exec {joined}>&- {go}<&- && exec "$@"'
 )
 SHELL = "/bin/bash"
-JOIN_WAIT_S = 30.0  # the shim's start and cgroup join (an RCU grace period: tens of ms)
+JOIN_WAIT_S = 30.0  # the shim's start and cgroup join (ms; in v2 an RCU grace period more)
 TIMES = re.compile(r"(\d+)m([\d.]+)s (\d+)m([\d.]+)s")  # bash's ``times``: user system
 
 

@@ -460,9 +460,10 @@ class _Run:
 
     def _spawn_next(self) -> None:
         """Let the next environment's launcher shim start (``start_shim``): after this one's
-        cgroup is removed, since a cgroup's removal and another's join each wait for an RCU
-        grace period and one would wait for the other (measured: 4 s more cgroup removal over
-        the smoke campaign when the shim started before it)."""
+        cgroup is removed. A join through ``cgroup.procs`` waited for an RCU grace period
+        holding the lock the removal needs (4 s more cgroup removal over the smoke campaign
+        when the shim started before it); a v1 join through ``tasks`` waits for none, but a v2
+        join still does."""
         stopped = self.stop is not None and self.stop.is_set()
         if self._started_next and self.following is not None and not stopped:
             self.following.spawn()
@@ -479,8 +480,9 @@ class _Run:
     def start_shim(self) -> None:
         """Start the launcher's shim before the marker (``Following.spawn``: on the thread that
         will drive it, at the end of the cleanup of the environment before this one), so its
-        start and cgroup join (an RCU grace period: about 10 ms here) overlap the signing and
-        storing of that environment's record instead of preceding this one's marker. The
+        start and cgroup join (2 ms here in v1; in v2 an RCU grace period more) overlap the
+        signing and storing of that environment's record instead of preceding this one's
+        marker (what is left of them is ``drive.join``). The
         marker is still taken when ``_launch_and_drive`` releases it; whatever goes wrong here
         is left to that, which meets it again."""
         if self.shim is not None or self.env is None or self.cgroup is None or not self.prepared:
